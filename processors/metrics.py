@@ -1,0 +1,65 @@
+"""Prometheus metrics the service exports (contract: ../shared/spec/topics.md).
+
+Every label value comes from a closed set (codes, reasons, event types,
+outcomes); tenants are never a label here, so the scrape stays bounded however
+many tenants a fleet has. Nothing derived from event content (ids, text,
+encrypted values) ever becomes a label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    """One set of the service's metrics, registered on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.encrypted_content_lost = Counter(
+            "agui_encrypted_content_lost",
+            "Encrypted reasoning values that could not be preserved, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.warnings = Counter(
+            "agui_warnings", "Warnings (material stripped or dropped), by code.", ["code"],
+            registry=r,
+        )
+        self.run_failures = Counter(
+            "agui_run_failures", "Runs ended by a failure, by code.", ["code"], registry=r
+        )
+        self.events = Counter(
+            "agui_events", "Raw records consumed, by event type.", ["type"], registry=r
+        )
+        self.runs = Counter(
+            "agui_runs", "Runs concluded, by outcome.", ["outcome"], registry=r
+        )
+        self.history_records = Counter(
+            "agui_history_records", "Records produced to the history topic.", registry=r
+        )
+        self.deadletter_records = Counter(
+            "agui_deadletter_records", "Records produced to the dead-letter topic, by kind.",
+            ["kind"], registry=r,
+        )
+        self.discarded_events = Counter(
+            "agui_discarded_events",
+            "Events discarded because their run had already failed.",
+            registry=r,
+        )
+        self.open_runs = Gauge(
+            "agui_open_runs", "Runs started and not yet concluded on this worker.", registry=r
+        )
+        self.processing_latency = Histogram(
+            "agui_processing_latency_seconds",
+            "Time from consuming a raw record to having produced its outputs.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "agui_consumer_lag_records",
+            "Records behind the end of each assigned raw-topic partition.",
+            ["topic", "partition"],
+            registry=r,
+        )
