@@ -1,0 +1,38 @@
+"""The `agui-stream` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agui-stream",
+        description="Validate AG-UI 1.0 run streams and reassemble their history.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check = commands.add_parser(
+        "check",
+        help="check one run key's events offline (a JSON-lines file, or - for stdin)",
+        description="Check the events of one run key (one JSON event per line, in order) "
+        "against the AG-UI 1.0 rules. Exit 0 when no run failed, 1 when one did, "
+        "2 for usage or I/O errors.",
+    )
+    check.add_argument("path", help="JSON-lines file of one run key's record values, or -")
+    check.add_argument("--json", action="store_true",
+                       help="print one JSON object in the conformance corpus's format")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "check":
+        from processors.checker import run_check
+
+        return run_check(args.path, args.json)
+    raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+if __name__ == "__main__":
+    sys.exit(main())

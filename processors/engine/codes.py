@@ -1,0 +1,61 @@
+"""The closed sets of codes the rule book names (reasoning.md sections 1-9).
+
+They are the only values that ever become metric labels or dead-letter codes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureCode(StrEnum):
+    UNDECODABLE_RECORD = "undecodable_record"
+    MALFORMED_EVENT = "malformed_event"
+    RUN_NOT_STARTED = "run_not_started"
+    RUN_ALREADY_ACTIVE = "run_already_active"
+    RUN_ALREADY_ENDED = "run_already_ended"
+    RUN_ID_MISMATCH = "run_id_mismatch"
+    OPEN_AT_FINISH = "open_at_finish"
+    RUN_ABANDONED = "run_abandoned"
+    SPAN_ALREADY_OPEN = "span_already_open"
+    SPAN_NOT_OPEN = "span_not_open"
+    MESSAGE_ALREADY_OPEN = "message_already_open"
+    MESSAGE_NOT_OPEN = "message_not_open"
+    TOOL_CALL_ALREADY_OPEN = "tool_call_already_open"
+    TOOL_CALL_NOT_OPEN = "tool_call_not_open"
+    STEP_ALREADY_OPEN = "step_already_open"
+    STEP_NOT_OPEN = "step_not_open"
+    SUBAGENT_ALREADY_OPEN = "subagent_already_open"
+    SUBAGENT_NOT_OPEN = "subagent_not_open"
+    CHUNK_WITHOUT_ID = "chunk_without_id"
+    CHUNK_AMBIGUOUS = "chunk_ambiguous"
+    CHUNK_CONFLICT = "chunk_conflict"
+    OWNER_MISMATCH = "owner_mismatch"
+
+
+class WarningCode(StrEnum):
+    UNKNOWN_EVENT_TYPE = "unknown_event_type"
+    UNKNOWN_FIELD = "unknown_field"
+    UNKNOWN_MEMBER = "unknown_member"
+    UNKNOWN_SUBTYPE = "unknown_subtype"
+    PROTOCOL_VERSION = "protocol_version"
+    INCOMPLETE_AT_ERROR = "incomplete_at_error"
+    ENCRYPTED_VALUE_UNKNOWN_ENTITY = "encrypted_value_unknown_entity"
+    NOT_STORABLE = "not_storable"
+
+
+class LossReason(StrEnum):
+    """Why an encrypted reasoning value was lost (reasoning.md section 6)."""
+
+    UNKNOWN_ENTITY = "unknown_entity"
+    UNKNOWN_SUBTYPE = "unknown_subtype"
+    RUN_FAILED = "run_failed"
+    RUN_ABANDONED = "run_abandoned"
+    INCOMPLETE_AT_ERROR = "incomplete_at_error"
+    NOT_STORABLE = "not_storable"
+
+
+class Outcome(StrEnum):
+    FINISHED = "finished"
+    ERROR = "error"
+    FAILED = "failed"

@@ -1,0 +1,47 @@
+"""Where streamed text (message content, tool-call arguments) accumulates.
+
+The run state holds only the shape of a run (ids, open sets, owners, which
+slot a message's text lives in); the deltas themselves go to a content store,
+one append per delta. Applying one more delta therefore never rewrites what
+came before: a persisted store (the service's Faust table) writes one small
+entry per delta, not the whole growing message.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class ContentStore(Protocol):
+    """The text of the active run of one key, by slot."""
+
+    def append(self, index: int, slot: int, text: str) -> None:
+        """Record fragment number `index` (0, 1, 2, ... within the run) for `slot`."""
+
+    def texts(self, fragment_count: int) -> dict[int, str]:
+        """Each slot's fragments concatenated in order (the first `fragment_count`)."""
+
+    def clear(self, fragment_count: int) -> None:
+        """Forget the run's fragments (the run concluded)."""
+
+
+class InMemoryContentStore:
+    """Fragments kept in lists, joined once when the run concludes."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: dict[int, list[str]] = {}
+
+    def append(self, index: int, slot: int, text: str) -> None:
+        parts = self._parts.get(slot)
+        if parts is None:
+            self._parts[slot] = [text]
+        else:
+            parts.append(text)
+
+    def texts(self, fragment_count: int) -> dict[int, str]:
+        return {slot: "".join(parts) for slot, parts in self._parts.items()}
+
+    def clear(self, fragment_count: int) -> None:
+        self._parts.clear()

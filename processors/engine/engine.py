@@ -1,0 +1,755 @@
+"""The rule engine: raw record values of one run key in, decisions out.
+
+Sans-IO and deterministic: no Kafka, no clock, no logging. The caller feeds
+the record values of one key in offset order and acts on the decisions
+(`processors.engine.decisions`); the same engine serves the stream processor,
+the offline checker and the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+import orjson
+
+from processors.engine import history
+from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
+from processors.engine.content import ContentStore, InMemoryContentStore
+from processors.engine.decisions import (
+    Concluded,
+    Decision,
+    Discarded,
+    EncryptedLost,
+    Failed,
+    RunIdentity,
+    Step,
+    Warned,
+)
+from processors.engine.jsonpatch import apply_patch
+from processors.engine.state import (
+    ChunkKind,
+    KeyState,
+    MessageRecord,
+    Phase,
+    RunState,
+    ToolCallRecord,
+)
+from topics.events import (
+    EVENT_MODELS,
+    Findings,
+    Malformed,
+    check_event,
+    protocol_version_is_foreign,
+)
+
+
+class RunFailure(Exception):
+    """Raised inside event handling: the active run fails with `code`."""
+
+    def __init__(self, code: FailureCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+# Events that leave a pending chunk item open (reasoning.md section 4, chunks).
+_KEEPS_CHUNK_OPEN: Final = frozenset(
+    {"REASONING_ENCRYPTED_VALUE", "RAW", "ACTIVITY_SNAPSHOT", "ACTIVITY_DELTA", "SUBAGENT_STARTED"}
+)
+# Events that close every lane before they apply.
+_CLOSES_ALL_LANES: Final = frozenset(
+    {"RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "MESSAGES_SNAPSHOT"}
+)
+_CHUNK_KINDS: Final = {
+    "REASONING_MESSAGE_CHUNK": ChunkKind.REASONING,
+    "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
+    "TOOL_CALL_CHUNK": ChunkKind.TOOL,
+}
+_NOT_OPEN_CODE: Final = {
+    "span": FailureCode.SPAN_NOT_OPEN,
+    "reasoning": FailureCode.MESSAGE_NOT_OPEN,
+    "text": FailureCode.MESSAGE_NOT_OPEN,
+    "tool": FailureCode.TOOL_CALL_NOT_OPEN,
+    "step": FailureCode.STEP_NOT_OPEN,
+    "subagent": FailureCode.SUBAGENT_NOT_OPEN,
+}
+_ALREADY_OPEN_CODE: Final = {
+    "span": FailureCode.SPAN_ALREADY_OPEN,
+    "reasoning": FailureCode.MESSAGE_ALREADY_OPEN,
+    "text": FailureCode.MESSAGE_ALREADY_OPEN,
+    "tool": FailureCode.TOOL_CALL_ALREADY_OPEN,
+    "step": FailureCode.STEP_ALREADY_OPEN,
+    "subagent": FailureCode.SUBAGENT_ALREADY_OPEN,
+}
+_KIND_NAMES: Final = {
+    "span": "reasoning span",
+    "reasoning": "reasoning message",
+    "text": "text message",
+    "tool": "tool call",
+    "step": "step",
+    "subagent": "subagent",
+}
+_ABSENT: Final = object()
+
+
+def _describe(namespace: str, item_id: str) -> str:
+    return f"{_KIND_NAMES[namespace]} {item_id!r}"
+
+
+class KeyEngine:
+    """Checks and reassembles the runs of one run key.
+
+    `state` and `content` may be supplied (restored) by the caller; by default
+    they start empty and in memory.
+    """
+
+    def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
+        self.state = state if state is not None else KeyState()
+        self.content: ContentStore = content if content is not None else InMemoryContentStore()
+        self._out: list[Decision] = []
+        self._handlers: dict[str, Callable[[RunState, dict[str, Any]], None]] = {
+            "REASONING_START": self._span_start,
+            "REASONING_END": self._span_end,
+            "REASONING_MESSAGE_START": self._reasoning_start,
+            "REASONING_MESSAGE_CONTENT": self._reasoning_content,
+            "REASONING_MESSAGE_END": self._reasoning_end,
+            "REASONING_ENCRYPTED_VALUE": self._encrypted_value,
+            "TEXT_MESSAGE_START": self._text_start,
+            "TEXT_MESSAGE_CONTENT": self._text_content,
+            "TEXT_MESSAGE_END": self._text_end,
+            "TOOL_CALL_START": self._tool_start,
+            "TOOL_CALL_ARGS": self._tool_args,
+            "TOOL_CALL_END": self._tool_end,
+            "TOOL_CALL_RESULT": self._tool_result,
+            "MESSAGES_SNAPSHOT": self._messages_snapshot,
+            "ACTIVITY_SNAPSHOT": self._activity_snapshot,
+            "ACTIVITY_DELTA": self._activity_delta,
+            "STEP_STARTED": self._step_started,
+            "STEP_FINISHED": self._step_finished,
+            "SUBAGENT_STARTED": self._subagent_started,
+            "SUBAGENT_FINISHED": self._subagent_finished,
+            "SUBAGENT_ERROR": self._subagent_finished,
+            "STATE_SNAPSHOT": _ignore,
+            "STATE_DELTA": _ignore,
+            "RAW": _ignore,
+            "CUSTOM": _ignore,
+        }
+
+    # --- entry points ---------------------------------------------------------
+
+    def feed(self, raw: bytes | str) -> Step:
+        """Apply the next record value of the key; return what it decided."""
+        out: list[Decision] = []
+        self._out = out
+        try:
+            event = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            event = None
+        if type(event) is not dict or type(event.get("type")) is not str:
+            self._undecodable()
+            return Step("undecodable", out)
+        event_type: str = event["type"]
+        state = self.state
+        if state.phase is Phase.FAILED and event_type != "RUN_STARTED":
+            out.append(Discarded())
+            return Step(event_type if event_type in EVENT_MODELS else "unknown", out)
+        if event_type not in EVENT_MODELS:
+            self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
+                       "event type is not an AG-UI 1.0 type; the event was dropped")
+            return Step("unknown", out)
+        findings = Findings()
+        try:
+            checked = check_event(event, findings)
+        except Malformed as error:
+            self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
+            return Step(event_type, out)
+        if findings.unknown_fields or findings.unknown_members:
+            self._warn_stripped(event_type, findings)
+        if checked is None:
+            return Step(event_type, out)
+        if findings.unknown_subtype:
+            self._warn(WarningCode.UNKNOWN_SUBTYPE,
+                       "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
+                       " the event was dropped")
+            out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
+            return Step(event_type, out)
+        self._apply(event_type, checked)
+        return Step(event_type, out)
+
+    def abandon(self) -> Step:
+        """The caller's idle timeout expired: the active run fails `run_abandoned`."""
+        out: list[Decision] = []
+        self._out = out
+        if self.state.run is not None:
+            self._fail(FailureCode.RUN_ABANDONED,
+                       "no terminal event arrived before the idle timeout",
+                       loss=LossReason.RUN_ABANDONED)
+        return Step("abandoned", out)
+
+    # --- lifecycle ------------------------------------------------------------
+
+    def _apply(self, event_type: str, event: dict[str, Any]) -> None:
+        state = self.state
+        run = state.run
+        if run is None:
+            self._outside_run(event_type, event)
+            return
+        try:
+            if event_type in _CHUNK_KINDS:
+                self._chunk(run, _CHUNK_KINDS[event_type], event)
+                return
+            if event_type in _CLOSES_ALL_LANES:
+                if event_type == "RUN_STARTED":
+                    raise RunFailure(FailureCode.RUN_ALREADY_ACTIVE,
+                                     f"RUN_STARTED while run {run.run_id!r} is active")
+                for lane in list(run.lanes):
+                    self._close_lane(run, lane)
+                if event_type == "RUN_FINISHED":
+                    self._run_finished(run, event)
+                    return
+                if event_type == "RUN_ERROR":
+                    self._run_error(run, event)
+                    return
+            elif event_type not in _KEEPS_CHUNK_OPEN and run.lanes:
+                lane = event.get("subagentRunId")
+                if lane in run.lanes:
+                    self._close_lane(run, lane)
+            self._handlers[event_type](run, event)
+        except RunFailure as failure:
+            self._fail(failure.code, failure.reason)
+
+    def _outside_run(self, event_type: str, event: dict[str, Any]) -> None:
+        phase = self.state.phase
+        if event_type == "RUN_STARTED":
+            self._start_run(event)
+        elif event_type == "RUN_ERROR" and phase is Phase.FRESH:
+            # A RUN_ERROR as the key's first event is a run of its own.
+            self._conclude(Outcome.ERROR, None, [], event.get("usage"), _error_of(event))
+            self.state.phase = Phase.ERRORED
+        elif event_type == "RUN_ERROR" and phase is Phase.FINISHED:
+            self.state.phase = Phase.ERRORED  # a late RUN_ERROR is accepted silently
+        elif phase is Phase.FRESH:
+            self._fail(FailureCode.RUN_NOT_STARTED,
+                       f"{event_type} before any RUN_STARTED on this key")
+        else:
+            self._fail(FailureCode.RUN_ALREADY_ENDED,
+                       f"{event_type} after the run ended ({phase.value}); only RUN_STARTED"
+                       + (" or a late RUN_ERROR" if phase is Phase.FINISHED else "")
+                       + " may follow")
+
+    def _start_run(self, event: dict[str, Any]) -> None:
+        run = RunState(event["threadId"], event["runId"])
+        version = event.get("protocolVersion")
+        self.state.run = run
+        self.state.phase = Phase.ACTIVE
+        if version is not None and protocol_version_is_foreign(version):
+            self._warn(WarningCode.PROTOCOL_VERSION,
+                       "RUN_STARTED.protocolVersion is newer than 1.0 or not MAJOR.MINOR;"
+                       " proceeding as 1.0")
+
+    def _run_finished(self, run: RunState, event: dict[str, Any]) -> None:
+        if event["threadId"] != run.thread_id or event["runId"] != run.run_id:
+            raise RunFailure(
+                FailureCode.RUN_ID_MISMATCH,
+                f"RUN_FINISHED names thread {event['threadId']!r} run {event['runId']!r};"
+                f" RUN_STARTED named thread {run.thread_id!r} run {run.run_id!r}",
+            )
+        still_open = [
+            _describe(namespace, item_id)
+            for namespace, ids in run.open.items()
+            for item_id in ids
+        ]
+        if still_open:
+            raise RunFailure(FailureCode.OPEN_AT_FINISH,
+                             "open at RUN_FINISHED: " + ", ".join(still_open))
+        self._conclude(Outcome.FINISHED, run, self._assemble(run), event.get("usage"), None)
+        self.state.phase = Phase.FINISHED
+
+    def _run_error(self, run: RunState, event: dict[str, Any]) -> None:
+        discarded_values = 0
+        for namespace in ("reasoning", "text"):
+            for message_id in run.open[namespace]:
+                record = run.messages.pop(message_id, None)
+                if record is None:
+                    continue
+                run.order.remove(message_id)
+                discarded_values += _values_on(record)
+                self._warn(WarningCode.INCOMPLETE_AT_ERROR,
+                           f"{_describe(namespace, message_id)} was open at RUN_ERROR;"
+                           " it was discarded")
+        for call_id in run.open["tool"]:
+            host = run.messages.get(run.tool_index.get(call_id, ""))
+            if host is None or host.tool_calls is None:
+                continue  # went with a discarded message
+            call = next(c for c in host.tool_calls if c.id == call_id)
+            host.tool_calls.remove(call)
+            discarded_values += call.encrypted_value is not None
+            self._warn(WarningCode.INCOMPLETE_AT_ERROR,
+                       f"{_describe('tool', call_id)} was open at RUN_ERROR; it was discarded")
+            if not host.tool_calls and not (host.content_base or host.content_slot is not None):
+                run.messages.pop(host.id)
+                run.order.remove(host.id)
+                discarded_values += _values_on(host)
+        self._out.extend(EncryptedLost(LossReason.INCOMPLETE_AT_ERROR)
+                         for _ in range(discarded_values))
+        self._conclude(Outcome.ERROR, run, self._assemble(run), event.get("usage"),
+                       _error_of(event))
+        self.state.phase = Phase.ERRORED
+
+    def _assemble(self, run: RunState) -> list[dict[str, Any]]:
+        texts = self.content.texts(run.fragment_count)
+        return [history.to_message(run.messages[mid], texts) for mid in run.order]
+
+    def _conclude(
+        self,
+        outcome: Outcome,
+        run: RunState | None,
+        messages: list[dict[str, Any]],
+        usage: list[dict[str, Any]] | None,
+        error: dict[str, Any] | None,
+    ) -> None:
+        identity = None if run is None else RunIdentity(run.thread_id, run.run_id)
+        self._out.append(Concluded(outcome, identity, messages, usage, error))
+        self._end_run()
+
+    def _end_run(self) -> None:
+        run = self.state.run
+        if run is not None:
+            self.content.clear(run.fragment_count)
+        self.state.run = None
+
+    def _fail(self, code: FailureCode, reason: str,
+              loss: LossReason = LossReason.RUN_FAILED) -> None:
+        run = self.state.run
+        identity = None if run is None else RunIdentity(run.thread_id, run.run_id)
+        if run is not None:
+            self._out.extend(EncryptedLost(loss) for _ in range(history.held_encrypted_values(run)))
+        self._out.append(Failed(code, reason, identity))  # the concluding decision comes last
+        self._end_run()
+        self.state.phase = Phase.FAILED
+
+    def _undecodable(self) -> None:
+        if self.state.phase is Phase.FAILED:
+            self._out.append(Discarded())
+            return
+        self._fail(FailureCode.UNDECODABLE_RECORD,
+                   "record value is not a JSON object with a string type")
+
+    # --- warnings ---------------------------------------------------------------
+
+    def _run_identity(self) -> RunIdentity | None:
+        run = self.state.run
+        return None if run is None else RunIdentity(run.thread_id, run.run_id)
+
+    def _warn(self, code: WarningCode, reason: str) -> None:
+        self._out.append(Warned(code, reason, self._run_identity()))
+
+    def _warn_stripped(self, event_type: str, findings: Findings) -> None:
+        run = self.state.run
+        for pointer in findings.unknown_fields:
+            if run is not None:
+                # De-duplicated per run on (event type as received, pointer).
+                key = f"{event_type} {pointer}"
+                if key in run.warned_fields:
+                    continue
+                run.warned_fields.add(key)
+            self._warn(WarningCode.UNKNOWN_FIELD,
+                       f"{event_type}: unknown property {pointer} was stripped")
+        for pointer in findings.unknown_members:
+            self._warn(WarningCode.UNKNOWN_MEMBER,
+                       f"{event_type}: unknown union member at {pointer} was removed")
+
+    # --- chunks -------------------------------------------------------------------
+
+    def _chunk(self, run: RunState, kind: ChunkKind, event: dict[str, Any]) -> None:
+        id_key = "toolCallId" if kind is ChunkKind.TOOL else "messageId"
+        item_id = event.get(id_key)
+        tag = event.get("subagentRunId")
+        lanes = run.lanes
+        if item_id is not None:
+            pending = lanes.get(tag)
+            if pending is not None:
+                if pending[0] is kind and pending[1] == item_id:
+                    self._chunk_continue(run, kind, item_id, event)
+                    return
+                self._close_lane(run, tag)
+            self._chunk_open(run, kind, item_id, event)
+            lanes[tag] = (kind, item_id)
+            return
+        if tag is not None:
+            pending = lanes.get(tag)
+            if pending is None or pending[0] is not kind:
+                raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
+                                 f"first {kind.value} chunk of lane {tag!r} carries no {id_key}")
+            self._chunk_continue(run, kind, pending[1], event)
+            return
+        pending = lanes.get(None)
+        if pending is None or pending[0] is not kind:
+            candidates = [item for k, item in lanes.values() if k is kind]
+            if len(candidates) > 1:
+                raise RunFailure(FailureCode.CHUNK_AMBIGUOUS,
+                                 f"untagged {kind.value} chunk without {id_key} while"
+                                 f" {len(candidates)} lanes have a pending item")
+            if not candidates:
+                raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
+                                 f"first {kind.value} chunk carries no {id_key}")
+            self._chunk_continue(run, kind, candidates[0], event)
+            return
+        self._chunk_continue(run, kind, pending[1], event)
+
+    def _chunk_open(
+        self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
+    ) -> None:
+        start: dict[str, Any] = {}
+        if "subagentRunId" in event:
+            start["subagentRunId"] = event["subagentRunId"]
+        if "metadata" in event:
+            start["metadata"] = event["metadata"]
+        delta = event.get("delta")
+        if kind is ChunkKind.REASONING:
+            start["messageId"] = item_id
+            self._reasoning_start(run, start)
+            if delta is not None:
+                self._append_message(run, "reasoning", item_id, delta, None)
+        elif kind is ChunkKind.TEXT:
+            start["messageId"] = item_id
+            for key in ("role", "name"):
+                if key in event:
+                    start[key] = event[key]
+            self._text_start(run, start)
+            if delta is not None:
+                self._append_message(run, "text", item_id, delta, None)
+        else:
+            if "toolCallName" not in event:
+                raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
+                                 "first tool call chunk carries no toolCallName")
+            start["toolCallId"] = item_id
+            start["toolCallName"] = event["toolCallName"]
+            if "parentMessageId" in event:
+                start["parentMessageId"] = event["parentMessageId"]
+            self._tool_start(run, start)
+            if delta is not None:
+                self._append_args(run, item_id, delta, None)
+
+    def _chunk_continue(
+        self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
+    ) -> None:
+        delta = event.get("delta")
+        metadata = event.get("metadata")
+        if kind is ChunkKind.TOOL:
+            call = self._tool_call(run, item_id)
+            name = event.get("toolCallName")
+            if name is not None and call is not None and name != call.name:
+                raise RunFailure(FailureCode.CHUNK_CONFLICT,
+                                 f"tool call chunk for {item_id!r} names another tool")
+            if delta is not None or metadata is not None:
+                self._append_args(run, item_id, delta or "", metadata)
+            return
+        namespace = kind.value
+        if kind is ChunkKind.TEXT:
+            record = run.messages.get(item_id)
+            if record is not None:
+                for key, current in (("role", record.role), ("name", record.fields.get("name"))):
+                    if key in event and event[key] != current:
+                        raise RunFailure(FailureCode.CHUNK_CONFLICT,
+                                         f"text chunk for {item_id!r} repeats {key} with"
+                                         " another value")
+        if delta is not None or metadata is not None:
+            self._append_message(run, namespace, item_id, delta or "", metadata)
+
+    def _close_lane(self, run: RunState, lane: str | None) -> None:
+        """Synthesize the END of the lane's pending chunk item."""
+        kind, item_id = run.lanes.pop(lane)
+        if kind is ChunkKind.TOOL:
+            self._close(run, "tool", item_id, None)
+        else:
+            self._close(run, kind.value, item_id, None)
+
+    # --- open / close discipline --------------------------------------------------
+
+    def _check_owner(self, run: RunState, namespace: str, item_id: str, tag: str | None) -> None:
+        if tag is None:
+            return  # an absent tag never disagrees
+        owner = run.owners[namespace].get(item_id, _ABSENT)
+        if owner is not _ABSENT and owner != tag:
+            opener = "the parent agent" if owner is None else f"subagent run {owner!r}"
+            raise RunFailure(FailureCode.OWNER_MISMATCH,
+                             f"{_describe(namespace, item_id)} belongs to {opener};"
+                             f" subagent run {tag!r} may not continue it")
+
+    def _open(self, run: RunState, namespace: str, item_id: str, tag: str | None) -> None:
+        opened = run.open[namespace]
+        if item_id in opened:
+            raise RunFailure(_ALREADY_OPEN_CODE[namespace],
+                             f"{_describe(namespace, item_id)} is already open")
+        if namespace in run.owners:
+            owners = run.owners[namespace]
+            if item_id in owners:
+                self._check_owner(run, namespace, item_id, tag)
+            else:
+                owners[item_id] = tag
+        opened[item_id] = None
+
+    def _require_open(self, run: RunState, namespace: str, item_id: str, tag: str | None) -> None:
+        if item_id not in run.open[namespace]:
+            raise RunFailure(_NOT_OPEN_CODE[namespace],
+                             f"{_describe(namespace, item_id)} is not open")
+        if tag is not None and namespace in run.owners:
+            self._check_owner(run, namespace, item_id, tag)
+
+    def _close(self, run: RunState, namespace: str, item_id: str, event: dict[str, Any] | None,
+               ) -> None:
+        self._require_open(run, namespace, item_id,
+                           None if event is None else event.get("subagentRunId"))
+        del run.open[namespace][item_id]
+        if event is not None and "metadata" in event:
+            if namespace == "tool":
+                call = self._tool_call(run, item_id)
+                if call is not None:
+                    call.metadata = _merged(call.metadata, event["metadata"])
+            elif namespace in ("reasoning", "text"):
+                record = run.messages.get(item_id)
+                if record is not None:
+                    record.metadata = _merged(record.metadata, event["metadata"])
+
+    # --- spans ----------------------------------------------------------------------
+
+    def _span_start(self, run: RunState, event: dict[str, Any]) -> None:
+        self._open(run, "span", event["messageId"], event.get("subagentRunId"))
+
+    def _span_end(self, run: RunState, event: dict[str, Any]) -> None:
+        self._close(run, "span", event["messageId"], event)
+
+    # --- reasoning and text messages -----------------------------------------------
+
+    def _reasoning_start(self, run: RunState, event: dict[str, Any]) -> None:
+        self._start_message(run, "reasoning", "reasoning", event)
+
+    def _reasoning_content(self, run: RunState, event: dict[str, Any]) -> None:
+        message_id = event["messageId"]
+        self._require_open(run, "reasoning", message_id, event.get("subagentRunId"))
+        self._append_message(run, "reasoning", message_id, event["delta"], event.get("metadata"))
+
+    def _reasoning_end(self, run: RunState, event: dict[str, Any]) -> None:
+        self._close(run, "reasoning", event["messageId"], event)
+
+    def _text_start(self, run: RunState, event: dict[str, Any]) -> None:
+        self._start_message(run, "text", event.get("role", "assistant"), event)
+
+    def _text_content(self, run: RunState, event: dict[str, Any]) -> None:
+        message_id = event["messageId"]
+        self._require_open(run, "text", message_id, event.get("subagentRunId"))
+        self._append_message(run, "text", message_id, event["delta"], event.get("metadata"))
+
+    def _text_end(self, run: RunState, event: dict[str, Any]) -> None:
+        self._close(run, "text", event["messageId"], event)
+
+    def _start_message(
+        self, run: RunState, namespace: str, role: str, event: dict[str, Any]
+    ) -> None:
+        message_id = event["messageId"]
+        tag = event.get("subagentRunId")
+        self._open(run, namespace, message_id, tag)
+        record = run.messages.get(message_id)
+        if record is None:
+            record = MessageRecord(message_id, role)
+            if tag is not None:
+                record.fields["subagentRunId"] = tag
+            if "name" in event:
+                record.fields["name"] = event["name"]
+            record.content_base = ""
+            run.messages[message_id] = record
+            run.order.append(message_id)
+        elif record.content_base is None and record.content_slot is None:
+            record.content_base = ""  # a tool-call host now streams text too
+        if "metadata" in event:
+            record.metadata = _merged(record.metadata, event["metadata"])
+
+    def _append_message(
+        self, run: RunState, namespace: str, message_id: str, delta: str,
+        metadata: dict[str, Any] | None,
+    ) -> None:
+        record = run.messages[message_id]
+        if delta:
+            slot = record.content_slot
+            if slot is None:
+                slot = record.content_slot = run.next_slot
+                run.next_slot += 1
+            self.content.append(run.fragment_count, slot, delta)
+            run.fragment_count += 1
+        if metadata is not None:
+            record.metadata = _merged(record.metadata, metadata)
+
+    # --- tool calls -------------------------------------------------------------------
+
+    def _tool_call(self, run: RunState, call_id: str) -> ToolCallRecord | None:
+        host = run.messages.get(run.tool_index.get(call_id, ""))
+        if host is None:
+            return None
+        return next((c for c in host.tool_calls or () if c.id == call_id), None)
+
+    def _tool_start(self, run: RunState, event: dict[str, Any]) -> None:
+        call_id = event["toolCallId"]
+        tag = event.get("subagentRunId")
+        self._open(run, "tool", call_id, tag)
+        call = self._tool_call(run, call_id)
+        if call is None:
+            host = self._tool_host(run, event.get("parentMessageId"), call_id, tag)
+            call = ToolCallRecord(call_id, event["toolCallName"])
+            if host.tool_calls is None:
+                host.tool_calls = []
+            host.tool_calls.append(call)
+            run.tool_index[call_id] = host.id
+        if "metadata" in event:
+            call.metadata = _merged(call.metadata, event["metadata"])
+
+    def _tool_host(
+        self, run: RunState, parent_id: str | None, call_id: str, tag: str | None
+    ) -> MessageRecord:
+        """The assistant message parentMessageId names, or a new one."""
+        host_id = parent_id if parent_id is not None else call_id
+        host = run.messages.get(host_id)
+        if host is not None and host.role == "assistant":
+            return host
+        if host is not None:
+            host_id = call_id  # the name is taken by a message of another role
+            existing = run.messages.get(host_id)
+            if existing is not None:
+                return existing
+        host = MessageRecord(host_id, "assistant")
+        if tag is not None:
+            host.fields["subagentRunId"] = tag
+        run.messages[host_id] = host
+        run.order.append(host_id)
+        return host
+
+    def _tool_args(self, run: RunState, event: dict[str, Any]) -> None:
+        call_id = event["toolCallId"]
+        self._require_open(run, "tool", call_id, event.get("subagentRunId"))
+        self._append_args(run, call_id, event["delta"], event.get("metadata"))
+
+    def _append_args(
+        self, run: RunState, call_id: str, delta: str, metadata: dict[str, Any] | None
+    ) -> None:
+        call = self._tool_call(run, call_id)
+        if call is None:
+            return
+        if delta:
+            if call.args_slot is None:
+                call.args_slot = run.next_slot
+                run.next_slot += 1
+            self.content.append(run.fragment_count, call.args_slot, delta)
+            run.fragment_count += 1
+        if metadata is not None:
+            call.metadata = _merged(call.metadata, metadata)
+
+    def _tool_end(self, run: RunState, event: dict[str, Any]) -> None:
+        self._close(run, "tool", event["toolCallId"], event)
+
+    def _tool_result(self, run: RunState, event: dict[str, Any]) -> None:
+        message_id = event["messageId"]
+        record = MessageRecord(message_id, "tool", {"toolCallId": event["toolCallId"]})
+        content = event["content"]
+        if type(content) is str:
+            record.content_base = content
+        else:
+            record.fields["content"] = content
+        if "subagentRunId" in event:
+            record.fields["subagentRunId"] = event["subagentRunId"]
+        previous = run.messages.get(message_id)
+        if "metadata" in event:
+            record.metadata = event["metadata"]
+        run.messages[message_id] = record
+        if previous is None:
+            run.order.insert(history.tool_result_position(run, event["toolCallId"]), message_id)
+
+    # --- encrypted values -------------------------------------------------------------
+
+    def _encrypted_value(self, run: RunState, event: dict[str, Any]) -> None:
+        entity_id = event["entityId"]
+        value = event["encryptedValue"]
+        if event["subtype"] == "message":
+            record = run.messages.get(entity_id)
+            if record is not None and record.role != "activity":
+                record.encrypted_value = value
+                return
+        else:
+            call = self._tool_call(run, entity_id)
+            if call is not None:
+                call.encrypted_value = value
+                return
+        self._warn(WarningCode.ENCRYPTED_VALUE_UNKNOWN_ENTITY,
+                   f"REASONING_ENCRYPTED_VALUE names {event['subtype']} {entity_id!r},"
+                   " which this run does not hold; the value was dropped")
+        self._out.append(EncryptedLost(LossReason.UNKNOWN_ENTITY))
+
+    # --- snapshots and activity ---------------------------------------------------------
+
+    def _messages_snapshot(self, run: RunState, event: dict[str, Any]) -> None:
+        history.apply_snapshot(run, event["messages"])
+
+    def _activity_snapshot(self, run: RunState, event: dict[str, Any]) -> None:
+        message_id = event["messageId"]
+        previous = run.messages.get(message_id)
+        if previous is not None and previous.role == "activity" and event.get("replace") is False:
+            return
+        record = MessageRecord(
+            message_id, "activity",
+            {"activityType": event["activityType"], "content": event["content"]},
+        )
+        if "subagentRunId" in event:
+            record.fields["subagentRunId"] = event["subagentRunId"]
+        if "metadata" in event:
+            record.metadata = event["metadata"]
+        run.messages[message_id] = record
+        if previous is None:
+            run.order.append(message_id)
+
+    def _activity_delta(self, run: RunState, event: dict[str, Any]) -> None:
+        record = run.messages.get(event["messageId"])
+        if record is None or record.role != "activity":
+            return
+        patched = apply_patch(record.fields["content"], event["patch"])
+        if type(patched) is dict:
+            record.fields["content"] = patched
+        if "metadata" in event:
+            record.metadata = _merged(record.metadata, event["metadata"])
+
+    # --- steps and subagents ------------------------------------------------------------
+
+    def _step_started(self, run: RunState, event: dict[str, Any]) -> None:
+        self._open(run, "step", event["stepName"], None)
+
+    def _step_finished(self, run: RunState, event: dict[str, Any]) -> None:
+        self._close(run, "step", event["stepName"], None)
+
+    def _subagent_started(self, run: RunState, event: dict[str, Any]) -> None:
+        self._open(run, "subagent", event["subagentRunId"], None)
+
+    def _subagent_finished(self, run: RunState, event: dict[str, Any]) -> None:
+        self._close(run, "subagent", event["subagentRunId"], None)
+
+
+def _ignore(run: RunState, event: dict[str, Any]) -> None:
+    """Validated, but builds no history (state, raw and custom events)."""
+
+
+def _merged(current: dict[str, Any] | None, update: dict[str, Any]) -> dict[str, Any]:
+    """Metadata merges key by key, last write wins, no recursion (AG-UI 1.0)."""
+    if current is None:
+        return dict(update)
+    current.update(update)
+    return current
+
+
+def _values_on(record: MessageRecord) -> int:
+    count = 1 if record.encrypted_value is not None else 0
+    return count + sum(1 for c in record.tool_calls or () if c.encrypted_value is not None)
+
+
+def _error_of(event: dict[str, Any]) -> dict[str, Any]:
+    error = {"message": event["message"]}
+    if "code" in event:
+        error["code"] = event["code"]
+    return error

@@ -1,0 +1,155 @@
+"""The run's messages as history: snapshot reconciliation and final assembly.
+
+Shapes follow the reference reducer (`@ag-ui/client` `defaultApplyEvents`)
+with the rule book's differences (reasoning.md sections 5, 7 and 9).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from processors.engine.state import MessageRecord, RunState, ToolCallRecord
+
+# Keys a history message takes from its record's own slots, not from `fields`.
+_RECORD_KEYS = frozenset({"id", "role", "content", "toolCalls", "encryptedValue", "metadata"})
+
+
+def record_from_wire(message: dict[str, Any]) -> MessageRecord:
+    """A message restated by MESSAGES_SNAPSHOT, taken wholesale."""
+    record = MessageRecord(
+        message["id"],
+        message["role"],
+        {k: v for k, v in message.items() if k not in _RECORD_KEYS},
+    )
+    content = message.get("content")
+    if type(content) is str:
+        record.content_base = content
+    elif content is not None:
+        record.fields["content"] = content  # content parts or activity content
+    calls = message.get("toolCalls")
+    if calls is not None:
+        record.tool_calls = []
+        for call in calls:
+            function = call["function"]
+            call_record = ToolCallRecord(call["id"], function["name"], function["arguments"])
+            call_record.encrypted_value = call.get("encryptedValue")
+            call_record.metadata = call.get("metadata")
+            record.tool_calls.append(call_record)
+    record.encrypted_value = message.get("encryptedValue")
+    record.metadata = message.get("metadata")
+    return record
+
+
+def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
+    """MESSAGES_SNAPSHOT: replace known ids in place, append new ones, drop the rest.
+
+    Streamed messages the snapshot does not list are dropped, except reasoning
+    (activity) messages while the snapshot carries none of that role, and
+    messages or tool calls still open (never dropped by a snapshot).
+    """
+    incoming = [record_from_wire(m) for m in snapshot]
+    listed = {r.id for r in incoming}
+    carries_reasoning = any(r.role == "reasoning" for r in incoming)
+    carries_activity = any(r.role == "activity" for r in incoming)
+    open_messages = run.open["reasoning"].keys() | run.open["text"].keys()
+    open_calls = run.open["tool"]
+    open_call_hosts = {run.tool_index[c] for c in open_calls if c in run.tool_index}
+
+    def survives(record: MessageRecord) -> bool:
+        if record.id in listed or record.id in open_messages or record.id in open_call_hosts:
+            return True
+        if record.role == "reasoning":
+            return not carries_reasoning
+        if record.role == "activity":
+            return not carries_activity
+        return False
+
+    kept = [mid for mid in run.order if survives(run.messages[mid])]
+    by_id = {mid: run.messages[mid] for mid in kept}
+    for record in incoming:
+        previous = by_id.get(record.id)
+        if previous is None:
+            kept.append(record.id)
+        else:
+            _keep_open_calls(previous, record, open_calls)
+        by_id[record.id] = record
+    run.order = kept
+    run.messages = by_id
+    run.tool_index = {
+        call.id: record.id
+        for record in by_id.values()
+        for call in record.tool_calls or ()
+    }
+
+
+def _keep_open_calls(
+    previous: MessageRecord, replacement: MessageRecord, open_calls: dict[str, None]
+) -> None:
+    """A restated message keeps the tool calls that are still streaming."""
+    restated = {c.id for c in replacement.tool_calls or ()}
+    for call in previous.tool_calls or ():
+        if call.id in open_calls and call.id not in restated:
+            if replacement.tool_calls is None:
+                replacement.tool_calls = []
+            replacement.tool_calls.append(call)
+
+
+def held_encrypted_values(run: RunState) -> int:
+    """How many encrypted values the run holds now (one per message / tool call)."""
+    held = 0
+    for record in run.messages.values():
+        if record.encrypted_value is not None:
+            held += 1
+        for call in record.tool_calls or ():
+            if call.encrypted_value is not None:
+                held += 1
+    return held
+
+
+def to_message(record: MessageRecord, texts: dict[int, str]) -> dict[str, Any]:
+    """The AG-UI `Message` (camelCase, optional keys absent) a record stands for."""
+    message: dict[str, Any] = {"id": record.id, "role": record.role}
+    message.update(record.fields)
+    if record.content_base is not None or record.content_slot is not None:
+        streamed = texts.get(record.content_slot, "") if record.content_slot is not None else ""
+        message["content"] = (record.content_base or "") + streamed
+    if record.tool_calls:
+        message["toolCalls"] = [_to_tool_call(call, texts) for call in record.tool_calls]
+    if record.encrypted_value is not None:
+        message["encryptedValue"] = record.encrypted_value
+    if record.metadata is not None:
+        message["metadata"] = record.metadata
+    return message
+
+
+def _to_tool_call(call: ToolCallRecord, texts: dict[int, str]) -> dict[str, Any]:
+    arguments = call.args_base
+    if call.args_slot is not None:
+        arguments += texts.get(call.args_slot, "")
+    tool_call: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }
+    if call.encrypted_value is not None:
+        tool_call["encryptedValue"] = call.encrypted_value
+    if call.metadata is not None:
+        tool_call["metadata"] = call.metadata
+    return tool_call
+
+
+def tool_result_position(run: RunState, tool_call_id: str) -> int:
+    """Where a TOOL_CALL_RESULT's message goes: right after the assistant message
+    holding the call, after the results already placed there; at the end when
+    the call is unknown."""
+    host = run.tool_index.get(tool_call_id)
+    if host is None or host not in run.messages:
+        return len(run.order)
+    host_calls = {c.id for c in run.messages[host].tool_calls or ()}
+    position = run.order.index(host) + 1
+    while position < len(run.order):
+        following = run.messages[run.order[position]]
+        if following.role != "tool" or following.fields.get("toolCallId") not in host_calls:
+            break
+        position += 1
+    return position

@@ -1,0 +1,676 @@
+"""The AG-UI 1.0 wire schema, checked strictly (reasoning.md sections 1, 2 and 9).
+
+The `ag-ui-protocol` package's pydantic models are lenient on purpose (they
+coerce, keep unknown keys and accept `null` where the wire never carries one),
+so the rule book cannot be enforced with them. This module holds the schema
+as a table of field specifications and one checker that walks an event once:
+
+* a missing required field, a `null` on an optional field, a wrong type or a
+  value outside a closed string set raises `Malformed`;
+* an unknown property is stripped and noted (`Findings.unknown_fields`);
+* an unknown member of a discriminated union is removed (optional key
+  removed, list element dropped, required position: the containing value
+  removed) and noted (`Findings.unknown_members`);
+* an unknown string `subtype` on REASONING_ENCRYPTED_VALUE is noted
+  (`Findings.unknown_subtype`): the caller removes the whole event.
+
+Opaque positions (`metadata`, `rawEvent`, `state`, `result`, CUSTOM values,
+activity content, ...) are never looked inside. Checking mutates the decoded
+dict in place (stripping) and never copies it when nothing is stripped, which
+keeps the hot path (one small CONTENT event) cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+
+EVENT_TYPES: Final = frozenset(
+    {
+        "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "TEXT_MESSAGE_CHUNK",
+        "TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END", "TOOL_CALL_CHUNK",
+        "TOOL_CALL_RESULT", "STATE_SNAPSHOT", "STATE_DELTA", "MESSAGES_SNAPSHOT",
+        "ACTIVITY_SNAPSHOT", "ACTIVITY_DELTA", "RAW", "CUSTOM", "RUN_STARTED", "RUN_FINISHED",
+        "RUN_ERROR", "STEP_STARTED", "STEP_FINISHED", "REASONING_START",
+        "REASONING_MESSAGE_START", "REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_END",
+        "REASONING_MESSAGE_CHUNK", "REASONING_END", "REASONING_ENCRYPTED_VALUE",
+        "SUBAGENT_STARTED", "SUBAGENT_FINISHED", "SUBAGENT_ERROR",
+    }
+)
+
+ENCRYPTED_VALUE_SUBTYPES: Final = frozenset({"message", "tool-call"})
+
+
+class Malformed(Exception):
+    """The event breaks the wire shape: the run fails with `malformed_event`.
+
+    The message names the JSON pointer and what was wrong, never the value.
+    """
+
+
+@dataclass(slots=True)
+class Findings:
+    """What a check stripped or noticed (each entry a JSON pointer)."""
+
+    unknown_fields: list[str] = field(default_factory=list)
+    unknown_members: list[str] = field(default_factory=list)
+    unknown_subtype: bool = False
+
+
+# A checker validates one value at `pointer` and returns it (possibly with
+# material stripped), or REMOVE when an unknown union member must be removed.
+REMOVE: Final = object()
+Checker = Callable[[Any, str, Findings], Any]
+
+
+def escape_pointer_token(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+# --- scalar predicates ------------------------------------------------------
+
+
+def _is_string(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_boolean(value: Any) -> bool:
+    return type(value) is bool
+
+
+def _is_object(value: Any) -> bool:
+    return type(value) is dict
+
+
+def _is_anything(value: Any) -> bool:
+    return True
+
+
+def _is_safe_integer(value: Any) -> bool:
+    # Any JSON number whose value is an integer within ±(2^53−1); never a
+    # string, never a boolean (reasoning.md section 9, "Numbers").
+    if type(value) is int:
+        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+    if type(value) is float:
+        return value.is_integer() and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+    return False
+
+
+def _is_count(value: Any) -> bool:
+    return _is_safe_integer(value) and value >= 0
+
+
+_JSON_POINTER = re.compile(r"^(/([^/~]|~[01])*)*$")
+
+
+def _is_json_pointer(value: Any) -> bool:
+    return type(value) is str and _JSON_POINTER.match(value) is not None
+
+
+def _one_of(*values: str) -> Callable[[Any], bool]:
+    allowed = frozenset(values)
+
+    def accepts(value: Any) -> bool:
+        return type(value) is str and value in allowed
+
+    return accepts
+
+
+# --- schema building blocks -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One property: a scalar predicate or a nested checker (never both)."""
+
+    required: bool
+    what: str  # readable type, for error messages
+    accepts: Callable[[Any], bool] | None = None
+    check: Checker | None = None
+    # `null` is a value only where the field is opaque ("any JSON").
+    nullable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    fields: dict[str, Field]
+    # Open objects (JSON Patch operations) ignore members they do not define.
+    open: bool = False
+
+
+def _req(what: str, accepts: Callable[[Any], bool]) -> Field:
+    return Field(True, what, accepts=accepts)
+
+
+def _opt(what: str, accepts: Callable[[Any], bool]) -> Field:
+    return Field(False, what, accepts=accepts)
+
+
+STRING = _req("a string", _is_string)
+OPT_STRING = _opt("a string", _is_string)
+OPT_BOOLEAN = _opt("a boolean", _is_boolean)
+OBJECT = _req("an object", _is_object)
+OPT_OBJECT = _opt("an object", _is_object)
+ANY = Field(True, "any JSON", accepts=_is_anything, nullable=True)
+OPT_ANY = Field(False, "any JSON", accepts=_is_anything, nullable=True)
+OPT_COUNT = _opt("a non-negative integer", _is_count)
+POINTER = _req("a JSON pointer", _is_json_pointer)
+
+
+def _nested(required: bool, what: str, check: Checker) -> Field:
+    return Field(required, what, check=check)
+
+
+def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> Any:
+    if type(value) is not dict:
+        raise Malformed(f"{pointer or '/'} must be an object ({model.name})")
+    fields = model.fields
+    unknown: list[str] | None = None
+    removed: list[str] | None = None
+    required_seen = 0
+    for key, item in value.items():
+        spec = fields.get(key)
+        if spec is None:
+            if not model.open:
+                if unknown is None:
+                    unknown = []
+                unknown.append(key)
+            continue
+        if spec.required:
+            required_seen += 1
+        if item is None and not spec.nullable:
+            raise Malformed(f"{pointer}/{escape_pointer_token(key)} is null; omit it instead")
+        if spec.accepts is not None:
+            if not spec.accepts(item):
+                raise Malformed(
+                    f"{pointer}/{escape_pointer_token(key)} must be {spec.what}"
+                    f" (got {json_type_name(item)})"
+                )
+            continue
+        assert spec.check is not None
+        checked = spec.check(item, f"{pointer}/{escape_pointer_token(key)}", findings)
+        if checked is REMOVE:
+            if spec.required:
+                return REMOVE
+            if removed is None:
+                removed = []
+            removed.append(key)
+        elif checked is not item:
+            value[key] = checked
+    if required_seen != model_required_count(model):
+        missing = [k for k, s in fields.items() if s.required and k not in value]
+        raise Malformed(f"{pointer or '/'} lacks required {', '.join(missing)} ({model.name})")
+    if unknown is not None:
+        for key in unknown:
+            findings.unknown_fields.append(f"{pointer}/{escape_pointer_token(key)}")
+            del value[key]
+    if removed is not None:
+        for key in removed:
+            del value[key]
+    return value
+
+
+_REQUIRED_COUNTS: dict[int, int] = {}
+
+
+def model_required_count(model: Model) -> int:
+    count = _REQUIRED_COUNTS.get(id(model))
+    if count is None:
+        count = sum(1 for spec in model.fields.values() if spec.required)
+        _REQUIRED_COUNTS[id(model)] = count
+    return count
+
+
+def json_type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return "boolean"
+    if type(value) in (int, float):
+        return "number"
+    if type(value) is str:
+        return "string"
+    if type(value) is list:
+        return "array"
+    if type(value) is dict:
+        return "object"
+    return type(value).__name__
+
+
+def model_checker(model: Model) -> Checker:
+    def check(value: Any, pointer: str, findings: Findings) -> Any:
+        return check_model(model, value, pointer, findings)
+
+    return check
+
+
+def list_checker(item: Checker | Field) -> Checker:
+    """A JSON array; an element that is an unknown union member is dropped."""
+
+    def check(value: Any, pointer: str, findings: Findings) -> Any:
+        if type(value) is not list:
+            raise Malformed(f"{pointer} must be an array")
+        kept: list[Any] | None = None
+        for index, element in enumerate(value):
+            if isinstance(item, Field):
+                if element is None or not (item.accepts and item.accepts(element)):
+                    raise Malformed(f"{pointer}/{index} must be {item.what}")
+                checked = element
+            else:
+                checked = item(element, f"{pointer}/{index}", findings)
+            if checked is REMOVE:
+                if kept is None:
+                    kept = list(value[:index])
+                continue
+            if kept is not None:
+                kept.append(checked)
+            elif checked is not element:
+                value[index] = checked
+        return value if kept is None else kept
+
+    return check
+
+
+def union_checker(discriminator: str, members: dict[str, Model], what: str) -> Checker:
+    """A discriminated union: an unknown discriminator string is an unknown member."""
+
+    def check(value: Any, pointer: str, findings: Findings) -> Any:
+        if type(value) is not dict:
+            raise Malformed(f"{pointer} must be an object ({what})")
+        tag = value.get(discriminator)
+        if type(tag) is not str:
+            raise Malformed(f"{pointer}/{discriminator} must be a string ({what})")
+        member = members.get(tag)
+        if member is None:
+            findings.unknown_members.append(f"{pointer}/{discriminator}")
+            return REMOVE
+        return check_model(member, value, pointer, findings)
+
+    return check
+
+
+def string_or(other: Checker, what: str) -> Checker:
+    def check(value: Any, pointer: str, findings: Findings) -> Any:
+        if type(value) is str:
+            return value
+        if type(value) is list:
+            return other(value, pointer, findings)
+        raise Malformed(f"{pointer} must be {what}")
+
+    return check
+
+
+def _subtype(value: Any, pointer: str, findings: Findings) -> Any:
+    if type(value) is not str:
+        raise Malformed(f"{pointer} must be a string")
+    if value not in ENCRYPTED_VALUE_SUBTYPES:
+        findings.unknown_subtype = True
+    return value
+
+
+# --- the AG-UI 1.0 shapes -----------------------------------------------------
+
+_SOURCE = union_checker(
+    "type",
+    {
+        "data": Model("DataSource", {"type": STRING, "value": STRING, "mimeType": STRING}),
+        "url": Model("UrlSource", {"type": STRING, "value": STRING, "mimeType": OPT_STRING}),
+        "file": Model(
+            "FileSource",
+            {"type": STRING, "value": STRING, "provider": OPT_STRING, "mimeType": OPT_STRING},
+        ),
+    },
+    "a part source",
+)
+
+
+def _media_part(name: str) -> Model:
+    return Model(
+        name,
+        {
+            "type": STRING,
+            "id": OPT_STRING,
+            "source": _nested(True, "a part source", _SOURCE),
+            "metadata": OPT_ANY,
+        },
+    )
+
+
+_CONTENT_PART = union_checker(
+    "type",
+    {
+        "text": Model(
+            "TextPart", {"type": STRING, "id": OPT_STRING, "text": STRING, "metadata": OPT_ANY}
+        ),
+        "image": _media_part("ImagePart"),
+        "audio": _media_part("AudioPart"),
+        "video": _media_part("VideoPart"),
+        "document": _media_part("DocumentPart"),
+    },
+    "a content part",
+)
+_CONTENT_PARTS = list_checker(_CONTENT_PART)
+_TEXT_OR_PARTS = _nested(
+    True, "a string or an array of parts", string_or(_CONTENT_PARTS, "a string or parts")
+)
+
+_FUNCTION_CALL = Model("FunctionCall", {"name": STRING, "arguments": STRING})
+_TOOL_CALL = Model(
+    "ToolCall",
+    {
+        "id": STRING,
+        "type": _req('"function"', _one_of("function")),
+        "function": _nested(True, "a function call", model_checker(_FUNCTION_CALL)),
+        "encryptedValue": OPT_STRING,
+        "metadata": OPT_OBJECT,
+    },
+)
+
+_MESSAGE_BASE: dict[str, Field] = {
+    "id": STRING,
+    "role": STRING,
+    "subagentRunId": OPT_STRING,
+    "metadata": OPT_OBJECT,
+}
+_ENCRYPTED = {"encryptedValue": OPT_STRING}
+_NAMED = {"name": OPT_STRING, **_ENCRYPTED}
+
+MESSAGE_MODELS: Final = {
+    "developer": Model("DeveloperMessage", {**_MESSAGE_BASE, **_NAMED, "content": STRING}),
+    "system": Model("SystemMessage", {**_MESSAGE_BASE, **_NAMED, "content": STRING}),
+    "assistant": Model(
+        "AssistantMessage",
+        {
+            **_MESSAGE_BASE,
+            **_NAMED,
+            "content": OPT_STRING,
+            "toolCalls": _nested(False, "an array of tool calls",
+                                 list_checker(model_checker(_TOOL_CALL))),
+        },
+    ),
+    "user": Model("UserMessage", {**_MESSAGE_BASE, **_NAMED, "content": _TEXT_OR_PARTS}),
+    "tool": Model(
+        "ToolMessage",
+        {
+            **_MESSAGE_BASE,
+            **_ENCRYPTED,
+            "content": _TEXT_OR_PARTS,
+            "toolCallId": STRING,
+            "error": OPT_STRING,
+        },
+    ),
+    "activity": Model(
+        "ActivityMessage", {**_MESSAGE_BASE, "activityType": STRING, "content": OBJECT}
+    ),
+    "reasoning": Model("ReasoningMessage", {**_MESSAGE_BASE, **_ENCRYPTED, "content": STRING}),
+}
+_MESSAGES = list_checker(union_checker("role", MESSAGE_MODELS, "a message"))
+
+_PATCH = list_checker(
+    union_checker(
+        "op",
+        {
+            "add": Model("AddOperation", {"op": STRING, "path": POINTER, "value": ANY}, open=True),
+            "remove": Model("RemoveOperation", {"op": STRING, "path": POINTER}, open=True),
+            "replace": Model(
+                "ReplaceOperation", {"op": STRING, "path": POINTER, "value": ANY}, open=True
+            ),
+            "move": Model(
+                "MoveOperation", {"op": STRING, "from": POINTER, "path": POINTER}, open=True
+            ),
+            "copy": Model(
+                "CopyOperation", {"op": STRING, "from": POINTER, "path": POINTER}, open=True
+            ),
+            "test": Model(
+                "TestOperation", {"op": STRING, "path": POINTER, "value": ANY}, open=True
+            ),
+        },
+        "a JSON Patch operation",
+    )
+)
+
+_TOKEN_USAGE = Model(
+    "TokenUsage",
+    {
+        "provider": OPT_STRING,
+        "model": OPT_STRING,
+        "inputTokens": OPT_COUNT,
+        "outputTokens": OPT_COUNT,
+        "totalTokens": OPT_COUNT,
+        "reasoningTokens": OPT_COUNT,
+        "cachedInputTokens": OPT_COUNT,
+        "cacheWriteInputTokens": OPT_COUNT,
+    },
+)
+_USAGE = _nested(False, "an array of token usage", list_checker(model_checker(_TOKEN_USAGE)))
+
+_INTERRUPT = Model(
+    "Interrupt",
+    {
+        "id": STRING,
+        "reason": STRING,
+        "message": OPT_STRING,
+        "toolCallId": OPT_STRING,
+        "responseSchema": OPT_OBJECT,
+        "expiresAt": OPT_STRING,
+        "metadata": OPT_OBJECT,
+        "subagentRunId": OPT_STRING,
+    },
+)
+_STRINGS = list_checker(STRING)
+
+_RUN_FINISHED_OUTCOME = union_checker(
+    "type",
+    {
+        "success": Model(
+            "RunFinishedSuccessOutcome",
+            {"type": STRING, "pendingToolCallIds": _nested(False, "an array of strings", _STRINGS)},
+        ),
+        "interrupt": Model(
+            "RunFinishedInterruptOutcome",
+            {
+                "type": STRING,
+                "interrupts": _nested(True, "an array of interrupts",
+                                      list_checker(model_checker(_INTERRUPT))),
+            },
+        ),
+        "cancelled": Model("RunFinishedCancelledOutcome", {"type": STRING}),
+    },
+    "a run outcome",
+)
+_SUBAGENT_OUTCOME = union_checker(
+    "type",
+    {
+        "success": Model("SubagentFinishedSuccessOutcome", {"type": STRING}),
+        "suspended": Model(
+            "SubagentFinishedSuspendedOutcome",
+            {"type": STRING, "interruptIds": _nested(False, "an array of strings", _STRINGS)},
+        ),
+    },
+    "a subagent outcome",
+)
+
+_RUN_AGENT_INPUT = Model(
+    "RunAgentInput",
+    {
+        "threadId": STRING,
+        "runId": STRING,
+        "protocolVersion": OPT_STRING,
+        "parentRunId": OPT_STRING,
+        "state": OPT_ANY,
+        "messages": _nested(True, "an array of messages", _MESSAGES),
+        "tools": _nested(
+            False,
+            "an array of tools",
+            list_checker(
+                model_checker(
+                    Model(
+                        "Tool",
+                        {
+                            "name": STRING,
+                            "description": STRING,
+                            "parameters": OPT_ANY,
+                            "metadata": OPT_OBJECT,
+                        },
+                    )
+                )
+            ),
+        ),
+        "context": _nested(
+            False,
+            "an array of context entries",
+            list_checker(
+                model_checker(Model("Context", {"description": STRING, "value": STRING}))
+            ),
+        ),
+        "forwardedProps": OPT_ANY,
+        "resume": _nested(
+            False,
+            "an array of resume entries",
+            list_checker(
+                model_checker(
+                    Model(
+                        "ResumeEntry",
+                        {
+                            "interruptId": STRING,
+                            "status": _req('"resolved" or "cancelled"',
+                                           _one_of("resolved", "cancelled")),
+                            "payload": OPT_ANY,
+                            "metadata": OPT_OBJECT,
+                        },
+                    )
+                )
+            ),
+        ),
+    },
+)
+
+_BASE: dict[str, Field] = {
+    "type": STRING,
+    "timestamp": _opt("an integer", _is_safe_integer),
+    "rawEvent": OPT_ANY,
+    "metadata": OPT_OBJECT,
+}
+_ATTRIBUTABLE: dict[str, Field] = {**_BASE, "subagentRunId": OPT_STRING}
+_TEXT_ROLE = _one_of("developer", "system", "assistant", "user")
+
+
+def _event(model_name: str, base: dict[str, Field], /, **fields: Field) -> Model:
+    return Model(model_name, {**base, **fields})
+
+
+EVENT_MODELS: Final[dict[str, Model]] = {
+    "TEXT_MESSAGE_START": _event(
+        "TextMessageStartEvent", _ATTRIBUTABLE, messageId=STRING,
+        role=_opt("a text message role", _TEXT_ROLE), name=OPT_STRING,
+    ),
+    "TEXT_MESSAGE_CONTENT": _event(
+        "TextMessageContentEvent", _ATTRIBUTABLE, messageId=STRING, delta=STRING
+    ),
+    "TEXT_MESSAGE_END": _event("TextMessageEndEvent", _ATTRIBUTABLE, messageId=STRING),
+    "TEXT_MESSAGE_CHUNK": _event(
+        "TextMessageChunkEvent", _ATTRIBUTABLE, messageId=OPT_STRING,
+        role=_opt("a text message role", _TEXT_ROLE), delta=OPT_STRING, name=OPT_STRING,
+    ),
+    "TOOL_CALL_START": _event(
+        "ToolCallStartEvent", _ATTRIBUTABLE, toolCallId=STRING, toolCallName=STRING,
+        parentMessageId=OPT_STRING,
+    ),
+    "TOOL_CALL_ARGS": _event("ToolCallArgsEvent", _ATTRIBUTABLE, toolCallId=STRING, delta=STRING),
+    "TOOL_CALL_END": _event("ToolCallEndEvent", _ATTRIBUTABLE, toolCallId=STRING),
+    "TOOL_CALL_CHUNK": _event(
+        "ToolCallChunkEvent", _ATTRIBUTABLE, toolCallId=OPT_STRING, toolCallName=OPT_STRING,
+        parentMessageId=OPT_STRING, delta=OPT_STRING,
+    ),
+    "TOOL_CALL_RESULT": _event(
+        "ToolCallResultEvent", _ATTRIBUTABLE, messageId=STRING, toolCallId=STRING,
+        content=_TEXT_OR_PARTS, role=_opt('"tool"', _one_of("tool")),
+    ),
+    "STATE_SNAPSHOT": _event("StateSnapshotEvent", _ATTRIBUTABLE, snapshot=ANY),
+    "STATE_DELTA": _event(
+        "StateDeltaEvent", _ATTRIBUTABLE, delta=_nested(True, "a JSON Patch", _PATCH)
+    ),
+    "MESSAGES_SNAPSHOT": _event(
+        "MessagesSnapshotEvent", _BASE, messages=_nested(True, "an array of messages", _MESSAGES)
+    ),
+    "ACTIVITY_SNAPSHOT": _event(
+        "ActivitySnapshotEvent", _ATTRIBUTABLE, messageId=STRING, activityType=STRING,
+        content=OBJECT, replace=OPT_BOOLEAN,
+    ),
+    "ACTIVITY_DELTA": _event(
+        "ActivityDeltaEvent", _ATTRIBUTABLE, messageId=STRING, activityType=STRING,
+        patch=_nested(True, "a JSON Patch", _PATCH),
+    ),
+    "RAW": _event("RawEvent", _ATTRIBUTABLE, event=ANY, source=OPT_STRING),
+    "CUSTOM": _event("CustomEvent", _ATTRIBUTABLE, name=STRING, value=ANY),
+    "RUN_STARTED": _event(
+        "RunStartedEvent", _BASE, threadId=STRING, runId=STRING, protocolVersion=OPT_STRING,
+        parentRunId=OPT_STRING,
+        input=_nested(False, "a run input", model_checker(_RUN_AGENT_INPUT)),
+    ),
+    "RUN_FINISHED": _event(
+        "RunFinishedEvent", _BASE, threadId=STRING, runId=STRING, result=OPT_ANY,
+        outcome=_nested(False, "a run outcome", _RUN_FINISHED_OUTCOME), usage=_USAGE,
+    ),
+    "RUN_ERROR": _event("RunErrorEvent", _BASE, message=STRING, code=OPT_STRING, usage=_USAGE),
+    "STEP_STARTED": _event("StepStartedEvent", _ATTRIBUTABLE, stepName=STRING),
+    "STEP_FINISHED": _event("StepFinishedEvent", _ATTRIBUTABLE, stepName=STRING),
+    "REASONING_START": _event("ReasoningStartEvent", _ATTRIBUTABLE, messageId=STRING),
+    "REASONING_MESSAGE_START": _event(
+        "ReasoningMessageStartEvent", _ATTRIBUTABLE, messageId=STRING,
+        role=_req('"reasoning"', _one_of("reasoning")),
+    ),
+    "REASONING_MESSAGE_CONTENT": _event(
+        "ReasoningMessageContentEvent", _ATTRIBUTABLE, messageId=STRING, delta=STRING
+    ),
+    "REASONING_MESSAGE_END": _event("ReasoningMessageEndEvent", _ATTRIBUTABLE, messageId=STRING),
+    "REASONING_MESSAGE_CHUNK": _event(
+        "ReasoningMessageChunkEvent", _ATTRIBUTABLE, messageId=OPT_STRING, delta=OPT_STRING
+    ),
+    "REASONING_END": _event("ReasoningEndEvent", _ATTRIBUTABLE, messageId=STRING),
+    "REASONING_ENCRYPTED_VALUE": _event(
+        "ReasoningEncryptedValueEvent", _ATTRIBUTABLE,
+        subtype=_nested(True, "a string", _subtype), entityId=STRING, encryptedValue=STRING,
+    ),
+    "SUBAGENT_STARTED": _event(
+        "SubagentStartedEvent", _BASE, subagentRunId=STRING, name=STRING,
+        description=OPT_STRING, parentSubagentRunId=OPT_STRING, parentToolCallId=OPT_STRING,
+        parentMessageId=OPT_STRING,
+    ),
+    "SUBAGENT_FINISHED": _event(
+        "SubagentFinishedEvent", _BASE, subagentRunId=STRING, result=OPT_ANY,
+        outcome=_nested(False, "a subagent outcome", _SUBAGENT_OUTCOME),
+    ),
+    "SUBAGENT_ERROR": _event(
+        "SubagentErrorEvent", _BASE, subagentRunId=STRING, message=STRING, code=OPT_STRING
+    ),
+}
+assert set(EVENT_MODELS) == EVENT_TYPES
+
+
+def check_event(event: dict[str, Any], findings: Findings) -> dict[str, Any] | None:
+    """Check a decoded event of a known type in place.
+
+    Returns the event with unknown material stripped, or None when the whole
+    event must be removed (an unknown union member in a required position).
+    Raises `Malformed`.
+    """
+    checked = check_model(EVENT_MODELS[event["type"]], event, "", findings)
+    return None if checked is REMOVE else checked
+
+
+_VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
+SUPPORTED_PROTOCOL: Final = (1, 0)
+
+
+def protocol_version_is_foreign(version: str) -> bool:
+    """True for a declaration newer than 1.0 or not of the MAJOR.MINOR grammar."""
+    match = _VERSION.match(version)
+    if match is None:
+        return True
+    return (int(match.group(1)), int(match.group(2))) > SUPPORTED_PROTOCOL
