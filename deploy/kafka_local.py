@@ -66,6 +66,7 @@ __all__ = [
     "free_port",
     "is_running",
     "local_broker",
+    "probe",
     "read_info",
     "start",
     "stop",
