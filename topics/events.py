@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 MAX_SAFE_INTEGER: Final = 2**53 - 1
@@ -52,13 +51,23 @@ class Malformed(Exception):
     """
 
 
-@dataclass(slots=True)
 class Findings:
-    """What a check stripped or noticed (each entry a JSON pointer)."""
+    """What a check stripped or noticed (each entry a JSON pointer).
 
-    unknown_fields: list[str] = field(default_factory=list)
-    unknown_members: list[str] = field(default_factory=list)
-    unknown_subtype: bool = False
+    Reusable: `clear()` it after acting on it, so the hot path allocates nothing.
+    """
+
+    __slots__ = ("unknown_fields", "unknown_members", "unknown_subtype")
+
+    def __init__(self) -> None:
+        self.unknown_fields: list[str] = []
+        self.unknown_members: list[str] = []
+        self.unknown_subtype = False
+
+    def clear(self) -> None:
+        self.unknown_fields.clear()
+        self.unknown_members.clear()
+        self.unknown_subtype = False
 
 
 # A checker validates one value at `pointer` and returns it (possibly with
@@ -123,24 +132,36 @@ def _one_of(*values: str) -> Callable[[Any], bool]:
 # --- schema building blocks -------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class Field:
     """One property: a scalar predicate or a nested checker (never both)."""
 
-    required: bool
-    what: str  # readable type, for error messages
-    accepts: Callable[[Any], bool] | None = None
-    check: Checker | None = None
-    # `null` is a value only where the field is opaque ("any JSON").
-    nullable: bool = False
+    __slots__ = ("accepts", "check", "is_string", "nullable", "required", "what")
+
+    def __init__(
+        self,
+        required: bool,
+        what: str,  # readable type, for error messages
+        accepts: Callable[[Any], bool] | None = None,
+        check: Checker | None = None,
+        nullable: bool = False,  # `null` is a value only where the field is opaque
+    ) -> None:
+        self.required = required
+        self.what = what
+        self.accepts = accepts
+        self.check = check
+        self.nullable = nullable
+        self.is_string = accepts is _is_string  # the common case, checked inline
 
 
-@dataclass(frozen=True, slots=True)
 class Model:
-    name: str
-    fields: dict[str, Field]
-    # Open objects (JSON Patch operations) ignore members they do not define.
-    open: bool = False
+    __slots__ = ("fields", "name", "open", "required_count")
+
+    def __init__(self, name: str, fields: dict[str, Field], open: bool = False) -> None:
+        self.name = name
+        self.fields = fields
+        # Open objects (JSON Patch operations) ignore members they do not define.
+        self.open = open
+        self.required_count = sum(1 for spec in fields.values() if spec.required)
 
 
 def _req(what: str, accepts: Callable[[Any], bool]) -> Field:
@@ -185,6 +206,13 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
             required_seen += 1
         if item is None and not spec.nullable:
             raise Malformed(f"{pointer}/{escape_pointer_token(key)} is null; omit it instead")
+        if spec.is_string:
+            if type(item) is not str:
+                raise Malformed(
+                    f"{pointer}/{escape_pointer_token(key)} must be a string"
+                    f" (got {json_type_name(item)})"
+                )
+            continue
         if spec.accepts is not None:
             if not spec.accepts(item):
                 raise Malformed(
@@ -202,7 +230,7 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
             removed.append(key)
         elif checked is not item:
             value[key] = checked
-    if required_seen != model_required_count(model):
+    if required_seen != model.required_count:
         missing = [k for k, s in fields.items() if s.required and k not in value]
         raise Malformed(f"{pointer or '/'} lacks required {', '.join(missing)} ({model.name})")
     if unknown is not None:
@@ -213,17 +241,6 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
         for key in removed:
             del value[key]
     return value
-
-
-_REQUIRED_COUNTS: dict[int, int] = {}
-
-
-def model_required_count(model: Model) -> int:
-    count = _REQUIRED_COUNTS.get(id(model))
-    if count is None:
-        count = sum(1 for spec in model.fields.values() if spec.required)
-        _REQUIRED_COUNTS[id(model)] = count
-    return count
 
 
 def json_type_name(value: Any) -> str:
@@ -651,17 +668,6 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     ),
 }
 assert set(EVENT_MODELS) == EVENT_TYPES
-
-
-def check_event(event: dict[str, Any], findings: Findings) -> dict[str, Any] | None:
-    """Check a decoded event of a known type in place.
-
-    Returns the event with unknown material stripped, or None when the whole
-    event must be removed (an unknown union member in a required position).
-    Raises `Malformed`.
-    """
-    checked = check_model(EVENT_MODELS[event["type"]], event, "", findings)
-    return None if checked is REMOVE else checked
 
 
 _VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")

@@ -63,7 +63,7 @@ class Discarded:
 Decision = Warned | Failed | EncryptedLost | Concluded | Discarded
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per record, on the hot path
 class Step:
     """The decisions for one record, and the record's event type for metrics.
 

@@ -37,9 +37,10 @@ from processors.engine.state import (
 )
 from topics.events import (
     EVENT_MODELS,
+    REMOVE,
     Findings,
     Malformed,
-    check_event,
+    check_model,
     protocol_version_is_foreign,
 )
 
@@ -91,6 +92,7 @@ _KIND_NAMES: Final = {
     "subagent": "subagent",
 }
 _ABSENT: Final = object()
+_FAILED: Final = Phase.FAILED
 
 
 def _describe(namespace: str, item_id: str) -> str:
@@ -108,6 +110,7 @@ class KeyEngine:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []
+        self._findings = Findings()
         self._handlers: dict[str, Callable[[RunState, dict[str, Any]], None]] = {
             "REASONING_START": self._span_start,
             "REASONING_END": self._span_end,
@@ -150,31 +153,35 @@ class KeyEngine:
             self._undecodable()
             return Step("undecodable", out)
         event_type: str = event["type"]
-        state = self.state
-        if state.phase is Phase.FAILED and event_type != "RUN_STARTED":
+        model = EVENT_MODELS.get(event_type)
+        if self.state.phase is _FAILED and event_type != "RUN_STARTED":
             out.append(Discarded())
-            return Step(event_type if event_type in EVENT_MODELS else "unknown", out)
-        if event_type not in EVENT_MODELS:
+            return Step("unknown" if model is None else event_type, out)
+        if model is None:
             self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
                        "event type is not an AG-UI 1.0 type; the event was dropped")
             return Step("unknown", out)
-        findings = Findings()
+        findings = self._findings
         try:
-            checked = check_event(event, findings)
+            checked = check_model(model, event, "", findings)
         except Malformed as error:
+            findings.clear()
             self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
             return Step(event_type, out)
-        if findings.unknown_fields or findings.unknown_members:
+        if checked is REMOVE:
+            checked = None  # an unknown union member in a required position
+        if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
+            unknown_subtype = findings.unknown_subtype
             self._warn_stripped(event_type, findings)
-        if checked is None:
-            return Step(event_type, out)
-        if findings.unknown_subtype:
-            self._warn(WarningCode.UNKNOWN_SUBTYPE,
-                       "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
-                       " the event was dropped")
-            out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
-            return Step(event_type, out)
-        self._apply(event_type, checked)
+            findings.clear()
+            if unknown_subtype and checked is not None:
+                self._warn(WarningCode.UNKNOWN_SUBTYPE,
+                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
+                           " the event was dropped")
+                out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
+                return Step(event_type, out)
+        if checked is not None:
+            self._apply(event_type, checked)
         return Step(event_type, out)
 
     def abandon(self) -> Step:
@@ -196,8 +203,9 @@ class KeyEngine:
             self._outside_run(event_type, event)
             return
         try:
-            if event_type in _CHUNK_KINDS:
-                self._chunk(run, _CHUNK_KINDS[event_type], event)
+            chunk_kind = _CHUNK_KINDS.get(event_type)
+            if chunk_kind is not None:
+                self._chunk(run, chunk_kind, event)
                 return
             if event_type in _CLOSES_ALL_LANES:
                 if event_type == "RUN_STARTED":
@@ -527,9 +535,25 @@ class KeyEngine:
         self._start_message(run, "reasoning", "reasoning", event)
 
     def _reasoning_content(self, run: RunState, event: dict[str, Any]) -> None:
+        self._content(run, "reasoning", event)
+
+    def _content(self, run: RunState, namespace: str, event: dict[str, Any]) -> None:
+        """REASONING_MESSAGE_CONTENT / TEXT_MESSAGE_CONTENT: the hottest path."""
         message_id = event["messageId"]
-        self._require_open(run, "reasoning", message_id, event.get("subagentRunId"))
-        self._append_message(run, "reasoning", message_id, event["delta"], event.get("metadata"))
+        if message_id not in run.open[namespace] or "subagentRunId" in event:
+            self._require_open(run, namespace, message_id, event.get("subagentRunId"))
+        if "metadata" in event:
+            self._append_message(run, namespace, message_id, event["delta"], event["metadata"])
+            return
+        delta = event["delta"]
+        if delta:
+            record = run.messages[message_id]
+            slot = record.content_slot
+            if slot is None:
+                slot = record.content_slot = run.next_slot
+                run.next_slot += 1
+            self.content.append(run.fragment_count, slot, delta)
+            run.fragment_count += 1
 
     def _reasoning_end(self, run: RunState, event: dict[str, Any]) -> None:
         self._close(run, "reasoning", event["messageId"], event)
@@ -538,9 +562,7 @@ class KeyEngine:
         self._start_message(run, "text", event.get("role", "assistant"), event)
 
     def _text_content(self, run: RunState, event: dict[str, Any]) -> None:
-        message_id = event["messageId"]
-        self._require_open(run, "text", message_id, event.get("subagentRunId"))
-        self._append_message(run, "text", message_id, event["delta"], event.get("metadata"))
+        self._content(run, "text", event)
 
     def _text_end(self, run: RunState, event: dict[str, Any]) -> None:
         self._close(run, "text", event["messageId"], event)
