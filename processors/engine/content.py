@@ -15,13 +15,13 @@ from typing import Protocol
 class ContentStore(Protocol):
     """The text of the active run of one key, by slot."""
 
-    def append(self, index: int, slot: int, text: str) -> None:
-        """Record fragment number `index` (0, 1, 2, ... within the run) for `slot`."""
+    def append(self, slot: int, text: str) -> None:
+        """Add the next fragment of `slot`'s text."""
 
-    def texts(self, fragment_count: int) -> dict[int, str]:
-        """Each slot's fragments concatenated in order (the first `fragment_count`)."""
+    def texts(self) -> dict[int, str]:
+        """Each slot's fragments concatenated in order."""
 
-    def clear(self, fragment_count: int) -> None:
+    def clear(self) -> None:
         """Forget the run's fragments (the run concluded)."""
 
 
@@ -33,15 +33,15 @@ class InMemoryContentStore:
     def __init__(self) -> None:
         self._parts: dict[int, list[str]] = {}
 
-    def append(self, index: int, slot: int, text: str) -> None:
+    def append(self, slot: int, text: str) -> None:
         parts = self._parts.get(slot)
         if parts is None:
             self._parts[slot] = [text]
         else:
             parts.append(text)
 
-    def texts(self, fragment_count: int) -> dict[int, str]:
+    def texts(self) -> dict[int, str]:
         return {slot: "".join(parts) for slot, parts in self._parts.items()}
 
-    def clear(self, fragment_count: int) -> None:
+    def clear(self) -> None:
         self._parts.clear()

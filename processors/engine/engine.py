@@ -306,7 +306,7 @@ class KeyEngine:
         self.state.phase = Phase.ERRORED
 
     def _assemble(self, run: RunState) -> list[dict[str, Any]]:
-        texts = self.content.texts(run.fragment_count)
+        texts = self.content.texts()
         return [history.to_message(run.messages[mid], texts) for mid in run.order]
 
     def _conclude(
@@ -324,7 +324,7 @@ class KeyEngine:
     def _end_run(self) -> None:
         run = self.state.run
         if run is not None:
-            self.content.clear(run.fragment_count)
+            self.content.clear()
         self.state.run = None
 
     def _fail(self, code: FailureCode, reason: str,
@@ -552,8 +552,7 @@ class KeyEngine:
             if slot is None:
                 slot = record.content_slot = run.next_slot
                 run.next_slot += 1
-            self.content.append(run.fragment_count, slot, delta)
-            run.fragment_count += 1
+            self.content.append(slot, delta)
 
     def _reasoning_end(self, run: RunState, event: dict[str, Any]) -> None:
         self._close(run, "reasoning", event["messageId"], event)
@@ -598,8 +597,7 @@ class KeyEngine:
             if slot is None:
                 slot = record.content_slot = run.next_slot
                 run.next_slot += 1
-            self.content.append(run.fragment_count, slot, delta)
-            run.fragment_count += 1
+            self.content.append(slot, delta)
         if metadata is not None:
             record.metadata = _merged(record.metadata, metadata)
 
@@ -661,8 +659,7 @@ class KeyEngine:
             if call.args_slot is None:
                 call.args_slot = run.next_slot
                 run.next_slot += 1
-            self.content.append(run.fragment_count, call.args_slot, delta)
-            run.fragment_count += 1
+            self.content.append(call.args_slot, delta)
         if metadata is not None:
             call.metadata = _merged(call.metadata, metadata)
 

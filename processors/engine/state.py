@@ -90,7 +90,7 @@ NAMESPACES = ("span", "reasoning", "text", "tool")
 
 
 class RunState:
-    __slots__ = ("fragment_count", "lanes", "messages", "next_slot", "open", "order", "owners",
+    __slots__ = ("lanes", "messages", "next_slot", "open", "order", "owners",
                  "run_id", "thread_id", "tool_index", "warned_fields")
 
     def __init__(self, thread_id: str, run_id: str) -> None:
@@ -109,7 +109,6 @@ class RunState:
         self.messages: dict[str, MessageRecord] = {}
         self.tool_index: dict[str, str] = {}  # tool call id -> id of the message holding it
         self.next_slot = 0
-        self.fragment_count = 0
         # (event type as received, JSON pointer) already warned as unknown_field.
         self.warned_fields: set[str] = set()
 
@@ -124,7 +123,6 @@ class RunState:
             "messages": [self.messages[mid].to_list() for mid in self.order],
             "tools": self.tool_index,
             "slot": self.next_slot,
-            "fragments": self.fragment_count,
             "warned": sorted(self.warned_fields),
         }
 
@@ -138,7 +136,6 @@ class RunState:
         run.messages = {m[0]: MessageRecord.from_list(m) for m in data["messages"]}
         run.tool_index = data["tools"]
         run.next_slot = data["slot"]
-        run.fragment_count = data["fragments"]
         run.warned_fields = set(data["warned"])
         return run
 
