@@ -1,0 +1,189 @@
+"""The service's configuration: environment variables with documented defaults.
+
+A wrong setting fails at start with a `ConfigError` that names the variable;
+a worker never starts half-configured. Secrets (SASL password, key files) are
+read here and passed to the Kafka client, never logged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+
+class ConfigError(ValueError):
+    """A setting is missing or invalid; the message names the variable."""
+
+
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+GUARANTEES: Final = ("exactly_once", "at_least_once")
+
+# (variable, default, meaning) — the README's configuration table is this list.
+DOCUMENTED: Final = (
+    ("KAFKA_BOOTSTRAP_SERVERS", "localhost:9092", "broker addresses, comma-separated host:port"),
+    ("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
+    ("KAFKA_SASL_MECHANISM", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (SASL protocols)"),
+    ("KAFKA_SASL_USERNAME", "", "SASL user (SASL protocols)"),
+    ("KAFKA_SASL_PASSWORD", "", "SASL password (SASL protocols; never logged)"),
+    ("KAFKA_SSL_CAFILE", "", "CA bundle to verify the brokers (SSL protocols)"),
+    ("KAFKA_SSL_CERTFILE", "", "client certificate for mutual TLS (optional)"),
+    ("KAFKA_SSL_KEYFILE", "", "client key for mutual TLS (optional)"),
+    ("AGUI_APP_ID", "agui-stream", "consumer group id and prefix of internal topics"),
+    ("AGUI_INPUT_TOPICS", "agui.events", "raw event topics, comma-separated"),
+    ("AGUI_INPUT_PATTERN", "", "regex of raw event topics (instead of AGUI_INPUT_TOPICS)"),
+    ("AGUI_HISTORY_TOPIC", "agui.history", "history output topic"),
+    ("AGUI_DEADLETTER_TOPIC", "agui.deadletter", "dead-letter output topic"),
+    ("AGUI_PARTITIONS", "8", "partitions of the raw topics (tables are co-partitioned)"),
+    ("AGUI_REPLICATION_FACTOR", "1", "replication of created topics (3 in production)"),
+    ("AGUI_TENANT_HEADER", "tenant", "record header naming the tenant"),
+    ("AGUI_DEFAULT_TENANT", "default", "tenant of records without that header"),
+    ("AGUI_IDLE_TIMEOUT_SECONDS", "3600", "a run idle this long is abandoned (run_abandoned)"),
+    ("AGUI_STORE", "rocksdb://", "table store: rocksdb:// (production) or memory://"),
+    ("AGUI_DATA_DIR", "/var/lib/agui-stream", "where RocksDB state lives"),
+    ("AGUI_PROCESSING_GUARANTEE", "exactly_once", "exactly_once or at_least_once"),
+    ("AGUI_MAX_RECORD_BYTES", "1000000", "largest output record; larger history is not_storable"),
+    ("AGUI_METRICS_PORT", "6066", "HTTP port of /metrics and /healthz"),
+    ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
+)
+_DEFAULTS: Final = {name: default for name, default, _ in DOCUMENTED}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    bootstrap_servers: tuple[str, ...]
+    security_protocol: str
+    sasl_mechanism: str | None
+    sasl_username: str | None
+    sasl_password: str | None
+    ssl_cafile: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    app_id: str
+    input_topics: tuple[str, ...]
+    input_pattern: str | None
+    history_topic: str
+    deadletter_topic: str
+    partitions: int
+    replication_factor: int
+    tenant_header: str
+    default_tenant: str
+    idle_timeout_seconds: float
+    store: str
+    data_dir: str
+    processing_guarantee: str
+    max_record_bytes: int
+    metrics_port: int
+    log_level: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        source = os.environ if env is None else env
+
+        def get(name: str) -> str:
+            return source.get(name, _DEFAULTS[name]).strip()
+
+        def optional(name: str) -> str | None:
+            return get(name) or None
+
+        protocol = _choice("KAFKA_SECURITY_PROTOCOL", get("KAFKA_SECURITY_PROTOCOL").upper(),
+                           SECURITY_PROTOCOLS)
+        mechanism = optional("KAFKA_SASL_MECHANISM")
+        username, password = optional("KAFKA_SASL_USERNAME"), optional("KAFKA_SASL_PASSWORD")
+        if protocol.startswith("SASL_"):
+            if mechanism is None:
+                raise ConfigError(f"KAFKA_SASL_MECHANISM is required with {protocol}")
+            _choice("KAFKA_SASL_MECHANISM", mechanism.upper(), SASL_MECHANISMS)
+            if username is None or password is None:
+                raise ConfigError(
+                    f"KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required with {protocol}"
+                )
+        for name in ("KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE"):
+            path = optional(name)
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"{name}={path!r}: no such file")
+
+        pattern = optional("AGUI_INPUT_PATTERN")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ConfigError(f"AGUI_INPUT_PATTERN is not a valid regex: {error}") from None
+        topics = tuple(t.strip() for t in get("AGUI_INPUT_TOPICS").split(",") if t.strip())
+        if pattern is None and not topics:
+            raise ConfigError("AGUI_INPUT_TOPICS names no topic (or set AGUI_INPUT_PATTERN)")
+        names = {
+            "AGUI_HISTORY_TOPIC": get("AGUI_HISTORY_TOPIC"),
+            "AGUI_DEADLETTER_TOPIC": get("AGUI_DEADLETTER_TOPIC"),
+        }
+        for name, topic in {**names, **{f"AGUI_INPUT_TOPICS ({t})": t for t in topics}}.items():
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic):
+                raise ConfigError(f"{name}: {topic!r} is not a valid Kafka topic name")
+        servers = tuple(s.strip() for s in get("KAFKA_BOOTSTRAP_SERVERS").split(",") if s.strip())
+        if not servers or not all(re.fullmatch(r"[^\s:]+:\d{1,5}", s) for s in servers):
+            raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must be host:port[,host:port...]")
+        store = get("AGUI_STORE")
+        if store not in ("rocksdb://", "memory://"):
+            raise ConfigError(f"AGUI_STORE must be rocksdb:// or memory:// (got {store!r})")
+        return cls(
+            bootstrap_servers=servers,
+            security_protocol=protocol,
+            sasl_mechanism=None if mechanism is None else mechanism.upper(),
+            sasl_username=username,
+            sasl_password=password,
+            ssl_cafile=optional("KAFKA_SSL_CAFILE"),
+            ssl_certfile=optional("KAFKA_SSL_CERTFILE"),
+            ssl_keyfile=optional("KAFKA_SSL_KEYFILE"),
+            app_id=_non_empty("AGUI_APP_ID", get("AGUI_APP_ID")),
+            input_topics=topics,
+            input_pattern=pattern,
+            history_topic=names["AGUI_HISTORY_TOPIC"],
+            deadletter_topic=names["AGUI_DEADLETTER_TOPIC"],
+            partitions=_integer("AGUI_PARTITIONS", get("AGUI_PARTITIONS"), 1, 10_000),
+            replication_factor=_integer("AGUI_REPLICATION_FACTOR",
+                                        get("AGUI_REPLICATION_FACTOR"), 1, 16),
+            tenant_header=_non_empty("AGUI_TENANT_HEADER", get("AGUI_TENANT_HEADER")),
+            default_tenant=_non_empty("AGUI_DEFAULT_TENANT", get("AGUI_DEFAULT_TENANT")),
+            idle_timeout_seconds=float(
+                _integer("AGUI_IDLE_TIMEOUT_SECONDS", get("AGUI_IDLE_TIMEOUT_SECONDS"), 1,
+                         30 * 86_400)
+            ),
+            store=store,
+            data_dir=_non_empty("AGUI_DATA_DIR", get("AGUI_DATA_DIR")),
+            processing_guarantee=_choice("AGUI_PROCESSING_GUARANTEE",
+                                         get("AGUI_PROCESSING_GUARANTEE").lower(), GUARANTEES),
+            max_record_bytes=_integer("AGUI_MAX_RECORD_BYTES", get("AGUI_MAX_RECORD_BYTES"),
+                                      10_000, 100_000_000),
+            metrics_port=_integer("AGUI_METRICS_PORT", get("AGUI_METRICS_PORT"), 1, 65_535),
+            log_level=_choice("AGUI_LOG_LEVEL", get("AGUI_LOG_LEVEL").lower(),
+                              ("debug", "info", "warning", "error")),
+        )
+
+    @property
+    def broker_url(self) -> str:
+        return ";".join(f"kafka://{server}" for server in self.bootstrap_servers)
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+    return value
+
+
+def _integer(name: str, value: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer (got {value!r})") from None
+    if not low <= number <= high:
+        raise ConfigError(f"{name} must be between {low} and {high} (got {number})")
+    return number
+
+
+def _non_empty(name: str, value: str) -> str:
+    if not value:
+        raise ConfigError(f"{name} must not be empty")
+    return value

@@ -1,0 +1,65 @@
+"""The topics the service reads and writes, and how they are created.
+
+Raw topics belong to the producers; the service creates them only when asked
+(`agui-stream create-topics`, the demo, tests). Output topics are plain
+delete-retention logs; the run-state changelogs are created by Faust itself,
+compacted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+def idle_ticks_topic(app_id: str) -> str:
+    """The internal topic that wakes every partition for the idle-run sweep."""
+    return f"{app_id}-idle-ticks"
+
+
+def service_topics(
+    *,
+    app_id: str,
+    input_topics: tuple[str, ...],
+    history_topic: str,
+    deadletter_topic: str,
+    partitions: int,
+    replication_factor: int,
+    max_record_bytes: int,
+) -> list[TopicSpec]:
+    sized = {"max.message.bytes": str(max_record_bytes + 65_536)}
+    return [
+        *(TopicSpec(t, partitions, replication_factor, {"retention.ms": str(7 * DAY_MS)})
+          for t in input_topics),
+        # History carries every tenant's encrypted values: it is meant for the
+        # producers' history service, behind ACLs (docs/operations.md).
+        TopicSpec(history_topic, partitions, replication_factor,
+                  {"retention.ms": str(7 * DAY_MS), **sized}),
+        TopicSpec(deadletter_topic, partitions, replication_factor,
+                  {"retention.ms": str(14 * DAY_MS), **sized}),
+        TopicSpec(idle_ticks_topic(app_id), partitions, replication_factor,
+                  {"retention.ms": str(3_600_000)}),
+    ]
+
+
+async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    existing = set(await admin.list_topics())
+    missing = [spec for spec in specs if spec.name not in existing]
+    if missing:
+        await admin.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
+             for s in missing]
+        )
+    return [spec.name for spec in missing]

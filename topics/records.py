@@ -1,0 +1,97 @@
+"""Output record shapes (contract: ../shared/spec/topics.md), as pydantic v2 models.
+
+Downstream teams build on these; a change is a new `schema` value, never a
+silent one. Optional keys are absent, never null. Dead-letter records never
+carry an encrypted value or reasoning text: `redact_event` replaces them by a
+marker that says only how many bytes were there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+HISTORY_SCHEMA: Final = "agui.history.v1"
+DEADLETTER_SCHEMA: Final = "agui.deadletter.v1"
+
+# The events whose `delta` is reasoning text.
+_REASONING_TEXT_EVENTS = frozenset({"REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_CHUNK"})
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(self.model_dump(by_alias=True, exclude_none=True))
+
+
+class HistoryMessage(_Record):
+    schema_: Literal["agui.history.v1"] = Field(HISTORY_SCHEMA, alias="schema")
+    kind: Literal["message"] = "message"
+    tenant: str
+    threadId: str | None = None
+    runId: str | None = None
+    seq: int
+    message: dict[str, Any]
+
+
+class HistoryRun(_Record):
+    """The closing record of a run: it is complete, with this many messages."""
+
+    schema_: Literal["agui.history.v1"] = Field(HISTORY_SCHEMA, alias="schema")
+    kind: Literal["run"] = "run"
+    tenant: str
+    threadId: str | None = None
+    runId: str | None = None
+    outcome: Literal["finished", "error"]
+    messageCount: int
+    usage: list[dict[str, Any]] | None = None
+    error: dict[str, Any] | None = None
+
+
+class SourceCoordinates(_Record):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int | None = None
+
+
+class DeadLetter(_Record):
+    schema_: Literal["agui.deadletter.v1"] = Field(DEADLETTER_SCHEMA, alias="schema")
+    kind: Literal["failure", "warning"]
+    code: str
+    reason: str
+    tenant: str
+    threadId: str | None = None
+    runId: str | None = None
+    source: SourceCoordinates
+    event: Any = None  # the offending event as received, redacted
+    raw: str | None = None  # base64 of an undecodable record's value
+    truncated: bool | None = None  # `event`/`raw` left out: the record would be too large
+
+
+def redaction_marker(value: str) -> dict[str, Any]:
+    return {"redacted": True, "bytes": len(value.encode("utf-8", "surrogatepass"))}
+
+
+def redact_event(event: Any) -> Any:
+    """A copy of a decoded event without encrypted values or reasoning text."""
+    if isinstance(event, dict):
+        redacted: dict[str, Any] = {}
+        reasoning_text = (
+            event.get("type") in _REASONING_TEXT_EVENTS or event.get("role") == "reasoning"
+        )
+        for key, value in event.items():
+            if isinstance(value, str) and (
+                key == "encryptedValue"
+                or (reasoning_text and key in ("delta", "content"))
+            ):
+                redacted[key] = redaction_marker(value)
+            else:
+                redacted[key] = redact_event(value)
+        return redacted
+    if isinstance(event, list):
+        return [redact_event(item) for item in event]
+    return event
