@@ -22,6 +22,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("path", help="JSON-lines file of one run key's record values, or -")
     check.add_argument("--json", action="store_true",
                        help="print one JSON object in the conformance corpus's format")
+    commands.add_parser(
+        "worker",
+        help="run one stream-processing worker (configured by environment variables)",
+    )
+    commands.add_parser(
+        "create-topics",
+        help="create the raw, history, dead-letter and internal topics, then exit",
+    )
     return parser
 
 
@@ -31,6 +39,14 @@ def main(argv: list[str] | None = None) -> int:
         from processors.checker import run_check
 
         return run_check(args.path, args.json)
+    if args.command == "worker":
+        from processors.worker import run_worker
+
+        return run_worker()
+    if args.command == "create-topics":
+        from processors.worker import run_create_topics
+
+        return run_create_topics()
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 

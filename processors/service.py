@@ -1,0 +1,304 @@
+"""The stream processor: a Faust app that is a thin shell around the engine.
+
+Per raw record the agent decodes nothing itself beyond headers: it looks up
+the key's engine (state from the `run-state` table, text from the `run-text`
+table), feeds it the raw bytes, persists what changed, and sends what
+`OutputBuilder` makes of the decisions. Faust's traps are handled here:
+
+* the agent never raises (Faust would ack and drop the record): an unexpected
+  error fails the key's run and sends the record to the dead-letter topic;
+* values are raw bytes, decoded by the engine (Faust would commit past a
+  decode error and only log it);
+* the state value is rewritten only when the run's shape changes, and deltas
+  go to their own table entries (no quadratic changelog);
+* with `exactly_once` the table changelogs, outputs and input offsets commit
+  in one Kafka transaction, so a crash replays onto consistent state.
+
+Runs idle longer than the idle timeout are abandoned by a sweep that the
+leader triggers with one tick record per partition of an internal topic, so
+the sweep runs in the partition's own stream (tables can only be changed
+there) and reaches partitions that receive no traffic.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import struct
+import time
+import traceback
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from processors.config import Settings
+from processors.engine.engine import KeyEngine
+from processors.engine.state import KeyState, Phase
+from processors.kafka_client import faust_credentials
+from processors.metrics import Metrics
+from processors.outputs import Incoming, Outgoing, OutputBuilder
+from processors.table_content import TableContentStore
+from topics.declarations import idle_ticks_topic
+
+log = logging.getLogger("agui_stream")
+
+_PARTITION = struct.Struct(">I")
+# aiohttp takes the charset separately; Prometheus' text format is UTF-8 anyway.
+_METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
+
+
+@dataclass(slots=True)
+class LiveKey:
+    """A key's engine kept between records, with what the table last stored."""
+
+    engine: KeyEngine
+    stored: bytes | None
+    partition: int
+    last_seen: float
+
+
+class RunStateStore:
+    """The `run-state` table: per (tenant, key) the partition and the engine state."""
+
+    def __init__(self, states: MutableMapping[bytes, bytes],
+                 texts: MutableMapping[bytes, bytes]) -> None:
+        self.states = states
+        self.texts = texts
+
+    def load(self, state_key: bytes, partition: int, now: float) -> LiveKey:
+        stored = self.states.get(state_key)
+        state = None if stored is None else KeyState.from_json(stored[_PARTITION.size:])
+        engine = KeyEngine(state, TableContentStore(self.texts, state_key))
+        return LiveKey(engine, None if stored is None else stored[_PARTITION.size:],
+                       partition, now)
+
+    def save(self, state_key: bytes, live: LiveKey) -> None:
+        encoded = live.engine.state.to_json()
+        if encoded != live.stored:
+            self.states[state_key] = _PARTITION.pack(live.partition) + encoded
+            live.stored = encoded
+
+    def forget(self, state_key: bytes) -> None:
+        self.states.pop(state_key, None)
+
+    def keys_of_partition(self, partition: int) -> list[tuple[bytes, bool]]:
+        """(state key, has an active run) for every key stored for `partition`."""
+        found = []
+        for state_key, value in list(self.states.items()):
+            if _PARTITION.unpack_from(value)[0] == partition:
+                found.append((state_key, b'"phase":"active"' in value))
+        return found
+
+
+def state_key_for(tenant: str, key: bytes) -> bytes:
+    return tenant.replace("\x00", "\ufffd").encode() + b"\x00" + key
+
+
+def key_of(state_key: bytes) -> bytes:
+    return state_key.split(b"\x00", 1)[1]
+
+
+def tenant_of(state_key: bytes) -> str:
+    return state_key.split(b"\x00", 1)[0].decode()
+
+
+class Shell:
+    """Everything the agent does for one record, apart from the Faust plumbing."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, store: RunStateStore) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.store = store
+        self.builder = OutputBuilder(settings.history_topic, settings.deadletter_topic,
+                                     settings.max_record_bytes, metrics)
+        self.live: dict[bytes, LiveKey] = {}
+        self.open_runs: dict[bytes, int] = {}  # state key -> partition, active runs only
+        self.tenant_header = settings.tenant_header
+
+    def tenant_of(self, headers: list[tuple[str, bytes]]) -> str:
+        for name, value in headers:
+            if name == self.tenant_header and value:
+                return value.decode("utf-8", "replace")
+        return self.settings.default_tenant
+
+    def handle(self, record: Incoming, now: float) -> list[Outgoing]:
+        tenant = self.tenant_of(record.headers)
+        state_key = state_key_for(tenant, record.key)
+        try:
+            live = self.live.get(state_key)
+            if live is None:
+                live = self.live[state_key] = self.store.load(state_key, record.partition, now)
+            live.last_seen = now
+            step = live.engine.feed(record.value)
+            self.store.save(state_key, live)
+            self._track_open(state_key, live)
+            return self.builder.build(step, record, tenant)
+        except Exception as error:  # never let Faust ack-and-drop a record
+            self._contain(error, state_key, record)
+            return [self.builder.dead_letter_for_exception(record, tenant)]
+
+    def sweep(self, partition: int, now: float, tick: Incoming) -> list[Outgoing]:
+        """Abandon idle runs of `partition` and free idle keys' state."""
+        out: list[Outgoing] = []
+        for state_key, active in self.store.keys_of_partition(partition):
+            live = self.live.get(state_key)
+            if live is None:
+                # Not seen since this worker got the partition: its clock starts now.
+                live = self.live[state_key] = self.store.load(state_key, partition, now)
+            if now - live.last_seen < self.settings.idle_timeout_seconds:
+                if active:
+                    self.open_runs[state_key] = partition
+                continue
+            if live.engine.state.run is not None:
+                step = live.engine.abandon()
+                abandoned = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
+                                     key_of(state_key), b"", [])
+                out.extend(self.builder.build(step, abandoned, tenant_of(state_key)))
+            self.store.forget(state_key)
+            self.live.pop(state_key, None)
+            self.open_runs.pop(state_key, None)
+        self.metrics.open_runs.set(len(self.open_runs))
+        return out
+
+    def forget_live(self) -> None:
+        """A rebalance moved partitions: the tables are the truth again."""
+        self.live.clear()
+        self.open_runs.clear()
+        self.metrics.open_runs.set(0)
+
+    def _track_open(self, state_key: bytes, live: LiveKey) -> None:
+        if live.engine.state.run is not None:
+            if state_key not in self.open_runs:
+                self.open_runs[state_key] = live.partition
+                self.metrics.open_runs.set(len(self.open_runs))
+        elif self.open_runs.pop(state_key, None) is not None:
+            self.metrics.open_runs.set(len(self.open_runs))
+
+    def _contain(self, error: Exception, state_key: bytes, record: Incoming) -> None:
+        # Log where and what kind, never the message: it could quote content.
+        frames = "".join(traceback.format_tb(error.__traceback__))
+        log.error("processing error %s at %s[%d]@%d; the run was failed\n%s",
+                  type(error).__name__, record.topic, record.partition, record.offset, frames)
+        live = self.live.pop(state_key, None)
+        if live is not None:
+            live.engine.content.clear()
+        failed = KeyEngine(KeyState(Phase.FAILED), TableContentStore(self.store.texts, state_key))
+        replacement = LiveKey(failed, None, record.partition, time.time())
+        self.store.save(state_key, replacement)
+        self.live[state_key] = replacement
+        self.open_runs.pop(state_key, None)
+
+
+def create_app(settings: Settings, metrics: Metrics) -> faust.App:
+    """The Faust app with its tables, agent, sweep timer and web pages."""
+    app = faust.App(
+        settings.app_id,
+        broker=settings.broker_url,
+        broker_credentials=faust_credentials(settings),
+        store="memory://" if settings.store == "memory://" else "rocksdb://",
+        datadir=settings.data_dir,
+        processing_guarantee=settings.processing_guarantee,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_disable_leader=True,
+        producer_max_request_size=settings.max_record_bytes + 65_536,
+        consumer_auto_offset_reset="earliest",
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=True,
+        web_port=settings.metrics_port,
+        web_bind="0.0.0.0",
+        autodiscover=False,
+        loghandlers=[],
+    )
+    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+    ticks = idle_ticks_topic(settings.app_id)
+    if settings.input_pattern is not None:
+        source = app.topic(
+            pattern=re.compile(rf"^{re.escape(ticks)}$|(?:{settings.input_pattern})"), **raw
+        )
+    else:
+        source = app.topic(*settings.input_topics, ticks, **raw)
+    ticks_topic = app.topic(ticks, **raw)
+    outputs = {
+        name: app.topic(name, **raw)
+        for name in (settings.history_topic, settings.deadletter_topic)
+    }
+    table_options: dict[str, Any] = {
+        "partitions": settings.partitions,
+        "schema": faust.Schema(key_type=bytes, value_type=bytes, **raw),
+    }
+    store = RunStateStore(app.Table("run-state", **table_options),
+                          app.Table("run-text", **table_options))
+    shell = Shell(settings, metrics, store)
+    started = {"ready": False}
+
+    @app.agent(source)
+    async def process(stream: Any) -> None:
+        async for event in stream.events():
+            clock = time.perf_counter()
+            message = event.message
+            record = Incoming(
+                message.topic, message.partition, message.offset,
+                None if message.timestamp is None else int(message.timestamp * 1000),
+                message.key or b"", message.value or b"",
+                _header_list(message.headers),
+            )
+            if message.topic == ticks:
+                sent = shell.sweep(message.partition, _tick_time(record.value), record)
+            else:
+                sent = shell.handle(record, time.time())
+            for item in sent:
+                await outputs[item.topic].send(key=item.key, value=item.value,
+                                               headers=item.headers)
+            metrics.processing_latency.observe(time.perf_counter() - clock)
+            started["ready"] = True
+
+    @app.timer(min(30.0, settings.idle_timeout_seconds / 4), on_leader=True)  # type: ignore[untyped-decorator]
+    async def tick_every_partition() -> None:
+        now = str(time.time()).encode()
+        for partition in range(settings.partitions):
+            await ticks_topic.send(value=now, partition=partition)
+
+    @app.timer(10.0)  # type: ignore[untyped-decorator]
+    async def measure_lag() -> None:
+        consumer = app.consumer
+        committed = getattr(consumer, "_committed_offset", {})
+        for tp in consumer.assignment():
+            if tp.topic == ticks:
+                continue
+            lag = max(0, consumer.highwater(tp) - (committed.get(tp) or 0))
+            metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        shell.forget_live()
+
+    @app.page("/metrics")
+    async def metrics_page(web: Any, request: Any) -> Any:
+        return web.bytes(generate_latest(metrics.registry), content_type=_METRICS_CONTENT_TYPE)
+
+    @app.page("/healthz")
+    async def health_page(web: Any, request: Any) -> Any:
+        healthy = not app.should_stop
+        return web.json({"ok": healthy, "processed": started["ready"]},
+                        status=200 if healthy else 503)
+
+    return app
+
+
+def _header_list(headers: Any) -> list[tuple[str, bytes]]:
+    if not headers:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    return [(str(name), bytes(value or b"")) for name, value in items]
+
+
+def _tick_time(value: bytes) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return time.time()

@@ -1,0 +1,71 @@
+"""`agui-stream worker` and `agui-stream create-topics`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from processors.config import ConfigError, Settings
+from processors.kafka_client import aiokafka_options
+from topics.declarations import TopicSpec, ensure_topics, service_topics
+
+
+def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
+    return service_topics(
+        app_id=settings.app_id,
+        input_topics=settings.input_topics if include_inputs else (),
+        history_topic=settings.history_topic,
+        deadletter_topic=settings.deadletter_topic,
+        partitions=settings.partitions,
+        replication_factor=settings.replication_factor,
+        max_record_bytes=settings.max_record_bytes,
+    )
+
+
+async def create_topics(settings: Settings, *, include_inputs: bool) -> list[str]:
+    admin = AIOKafkaAdminClient(**aiokafka_options(settings))
+    await admin.start()
+    try:
+        return await ensure_topics(admin, topic_specs(settings, include_inputs=include_inputs))
+    finally:
+        await admin.close()
+
+
+def load_settings() -> Settings | None:
+    try:
+        return Settings.from_env()
+    except ConfigError as error:
+        sys.stderr.write(f"agui-stream: configuration error: {error}\n")
+        return None
+
+
+def run_create_topics() -> int:
+    settings = load_settings()
+    if settings is None:
+        return 2
+    created = asyncio.run(create_topics(settings, include_inputs=True))
+    print(f"created: {', '.join(created) if created else 'nothing (all topics exist)'}")
+    return 0
+
+
+def run_worker() -> int:
+    """Run one worker until SIGINT/SIGTERM."""
+    settings = load_settings()
+    if settings is None:
+        return 2
+    import faust  # Faust is imported only by the commands that run it.
+
+    from processors.metrics import Metrics
+    from processors.service import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(create_topics(settings, include_inputs=False))
+    app = create_app(settings, Metrics())
+    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True,
+                          redirect_stdouts=False)
+    worker.execute_from_commandline()
+    return 0  # pragma: no cover - execute_from_commandline exits
