@@ -1,0 +1,262 @@
+"""Run real `agui-stream worker` processes against a real broker, and read what they wrote.
+
+Every test gets its own topic names and consumer group (`Namespace`), so tests
+never see each other's records. Waiting is always for a condition with a
+deadline, never a bare sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+AGUI_STREAM = str(Path(sys.executable).with_name("agui-stream"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Namespace:
+    """Topic names and settings for one test."""
+
+    bootstrap: str
+    partitions: int = 4
+    prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}.events"
+
+    @property
+    def history(self) -> str:
+        return f"{self.prefix}.history"
+
+    @property
+    def deadletter(self) -> str:
+        return f"{self.prefix}.deadletter"
+
+    @property
+    def app_id(self) -> str:
+        return f"{self.prefix}-app"
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "AGUI_APP_ID": self.app_id,
+            "AGUI_INPUT_TOPICS": self.events,
+            "AGUI_HISTORY_TOPIC": self.history,
+            "AGUI_DEADLETTER_TOPIC": self.deadletter,
+            "AGUI_PARTITIONS": str(self.partitions),
+            "AGUI_STORE": "memory://",
+            "AGUI_LOG_LEVEL": "warning",
+        }
+        env.update(overrides)
+        return env
+
+    def create_topics(self) -> None:
+        result = subprocess.run([AGUI_STREAM, "create-topics"], env=self.env(),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+
+
+class Worker:
+    """One `agui-stream worker` process."""
+
+    def __init__(self, namespace: Namespace, log_dir: Path, name: str = "worker",
+                 **env: str) -> None:
+        self.port = free_port()
+        self.data_dir = log_dir / f"{name}-data"
+        self.log_path = log_dir / f"{name}.log"
+        self.env = namespace.env(AGUI_METRICS_PORT=str(self.port),
+                                 AGUI_DATA_DIR=str(self.data_dir), **env)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> Worker:
+        self.starts += 1
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen([AGUI_STREAM, "worker"], env=self.env, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        wait_for(self._healthy, 60, f"worker on port {self.port} to answer /healthz",
+                 self.log_tail)
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"worker exited with {self.process.returncode}\n"
+                                 + self.log_tail())
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no commit, no flush."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self) -> str:
+        try:
+            text = self.log_path.read_bytes().decode("utf-8", "replace")
+        except OSError:
+            return ""
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return "\n".join(lines[-40:])
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str,
+             detail: Callable[[], str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                                 + (f"\n{detail()}" if detail else ""))
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+
+
+@dataclass(frozen=True)
+class Produced:
+    key: bytes
+    value: bytes
+    partition: int
+    offset: int
+
+
+def produce(bootstrap: str, topic: str,
+            records: Iterable[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> list[Produced]:
+    async def run() -> list[Produced]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
+                                    max_request_size=4_000_000)
+        await producer.start()
+        try:
+            pending = []
+            for key, value, headers in records:
+                future = await producer.send(topic, value=value, key=key, headers=headers)
+                pending.append((key, value, future))
+            out = []
+            for key, value, future in pending:
+                meta = await future
+                out.append(Produced(key, value, meta.partition, meta.offset))
+            return out
+        finally:
+            await producer.stop()
+
+    return asyncio.run(run())
+
+
+@dataclass(frozen=True)
+class Consumed:
+    key: bytes
+    value: dict[str, Any]
+    headers: dict[str, bytes]
+    partition: int
+    offset: int
+
+
+class TopicReader:
+    """Reads a topic from the beginning with read_committed, accumulating records."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.records: list[Consumed] = []
+        self._positions: dict[int, int] = {}
+
+    def poll(self) -> list[Consumed]:
+        async def run() -> list[Consumed]:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
+                                        isolation_level="read_committed",
+                                        enable_auto_commit=False, auto_offset_reset="earliest")
+            await consumer.start()
+            try:
+                partitions = consumer.partitions_for_topic(self.topic) or set()
+                if not partitions:
+                    await consumer._client.force_metadata_update()
+                    partitions = consumer.partitions_for_topic(self.topic) or set()
+                tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+                consumer.assign(tps)
+                for tp in tps:
+                    consumer.seek(tp, self._positions.get(tp.partition, 0))
+                ends = await consumer.end_offsets(tps)
+                new: list[Consumed] = []
+                async def behind() -> bool:
+                    return any([await consumer.position(tp) < ends[tp] for tp in tps])
+
+                while await behind():
+                    batch = await consumer.getmany(timeout_ms=500)
+                    if not batch:
+                        # The end offset may sit past an aborted transaction's marker.
+                        break
+                    for tp, messages in batch.items():
+                        for m in messages:
+                            new.append(Consumed(m.key or b"", orjson.loads(m.value),
+                                                {k: v for k, v in m.headers}, tp.partition,
+                                                m.offset))
+                for tp in tps:
+                    self._positions[tp.partition] = await consumer.position(tp)
+                return new
+            finally:
+                await consumer.stop()
+
+        fresh = asyncio.run(run())
+        self.records.extend(fresh)
+        return fresh
+
+    def wait_until(self, condition: Callable[[list[Consumed]], bool], timeout: float,
+                   what: str, detail: Callable[[], str] | None = None) -> list[Consumed]:
+        def satisfied() -> bool:
+            self.poll()
+            return condition(self.records)
+
+        wait_for(satisfied, timeout, what, detail)
+        return self.records
+
+
+def create_topic(bootstrap: str, name: str, partitions: int) -> None:
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(name, partitions, 1)])
+        finally:
+            await admin.close()
+
+    asyncio.run(run())

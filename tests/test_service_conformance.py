@@ -1,0 +1,122 @@
+"""The whole conformance corpus through a running worker on a real broker.
+
+Each case is produced under its own record key and its own tenant (so its
+history has its own thread key), all cases interleaved on a 4-partition topic.
+The history and dead-letter topics are read back with read_committed and
+compared with the expected outcomes; the loss counter is scraped from
+/metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.service_harness import Namespace, TopicReader, Worker, produce
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "conformance"
+
+pytestmark = pytest.mark.kafka
+
+
+def load_cases() -> dict[str, tuple[list[bytes], list[dict[str, Any]]]]:
+    expected = json.loads((CORPUS / "expected.json").read_text())
+    cases = {}
+    for name, entry in expected.items():
+        lines = (CORPUS / "cases" / f"{name}.jsonl").read_bytes().split(b"\n")
+        if lines and lines[-1] == b"":
+            lines.pop()
+        cases[name] = (lines, entry["runs"])
+    return cases
+
+
+def scraped_counter(text: str, name: str) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for label, value in re.findall(rf'^{name}_total\{{\w+="([^"]+)"\}} (\S+)$', text, re.M):
+        found[label] = int(float(value))
+    return found
+
+
+def test_conformance_corpus_through_the_service(kafka_bootstrap: str, tmp_path: Path) -> None:
+    cases = load_cases()
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    # Interleave the cases line by line, as a fleet of agents would.
+    interleaved = []
+    longest = max(len(lines) for lines, _ in cases.values())
+    for index in range(longest):
+        for name, (lines, _) in cases.items():
+            if index < len(lines):
+                interleaved.append((name.encode(), lines[index], [("tenant", name.encode())]))
+    produced = produce(kafka_bootstrap, namespace.events, interleaved)
+    line_of: dict[tuple[int, int], tuple[str, int]] = {}
+    seen: Counter[str] = Counter()
+    for record in produced:
+        name = record.key.decode()
+        seen[name] += 1
+        line_of[(record.partition, record.offset)] = (name, seen[name])
+
+    want_closing = sum(r["outcome"] in ("finished", "error") for _, runs in cases.values()
+                       for r in runs)
+    want_dead = sum((r["outcome"] == "failed") + len(r["warnings"])
+                    for _, runs in cases.values() for r in runs)
+
+    worker = Worker(namespace, tmp_path).start()
+    try:
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: sum(r.value["kind"] == "run" for r in recs) >= want_closing, 180,
+            f"{want_closing} closing records", worker.log_tail)
+        dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
+            lambda recs: len(recs) >= want_dead, 60, f"{want_dead} dead letters",
+            worker.log_tail)
+        metrics = worker.metrics()
+    finally:
+        worker.stop()
+
+    assert sum(r.value["kind"] == "run" for r in history) == want_closing
+    assert len(dead) == want_dead
+
+    runs_by_tenant: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    messages_by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in history:
+        value = record.value
+        assert record.key == f"{value['tenant']}/{value.get('threadId', '')}".encode()
+        if value["kind"] == "message":
+            messages_by_run[(value["tenant"], value.get("runId", ""))].append(value)
+        else:
+            runs_by_tenant[value["tenant"]].append(value)
+    failures: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    warnings: dict[str, Counter[tuple[str, int]]] = defaultdict(Counter)
+    for record in dead:
+        value = record.value
+        name, line = line_of[(value["source"]["partition"], value["source"]["offset"])]
+        assert record.key == name.encode()
+        assert value["tenant"] == name
+        assert record.headers["agui.dlq.code"].decode() == value["code"]
+        assert record.headers["agui.dlq.offset"].decode() == str(value["source"]["offset"])
+        if value["kind"] == "failure":
+            failures[name].append({"code": value["code"], "line": line})
+        else:
+            warnings[name][(value["code"], line)] += 1
+
+    for name, (_, runs) in cases.items():
+        want_concluded = [r for r in runs if r["outcome"] in ("finished", "error")]
+        got_concluded = runs_by_tenant.get(name, [])
+        assert [r["outcome"] for r in got_concluded] == [r["outcome"] for r in want_concluded], name
+        for want, got in zip(want_concluded, got_concluded, strict=True):
+            published = sorted(messages_by_run[(name, got.get("runId", ""))],
+                               key=lambda m: m["seq"])
+            assert [m["message"] for m in published] == want["messages"], name
+            assert got["messageCount"] == len(want["messages"]), name
+        assert failures.get(name, []) == [r["failure"] for r in runs if r["outcome"] == "failed"]
+        assert warnings.get(name, Counter()) == Counter(
+            (w["code"], w["line"]) for r in runs for w in r["warnings"]), name
+
+    want_lost = Counter(loss["reason"] for _, runs in cases.values() for r in runs
+                        for loss in r["lostEncrypted"])
+    assert scraped_counter(metrics, "agui_encrypted_content_lost") == want_lost
