@@ -91,6 +91,16 @@ _KIND_NAMES: Final = {
     "step": "step",
     "subagent": "subagent",
 }
+# Bare deltas taken by the fast path of `KeyEngine.feed`: (id key, namespace) of
+# an explicit continuation, or the kind of a chunk continuing its lane.
+_FAST_DELTAS: Final[dict[str, tuple[str, str] | ChunkKind]] = {
+    "REASONING_MESSAGE_CONTENT": ("messageId", "reasoning"),
+    "TEXT_MESSAGE_CONTENT": ("messageId", "text"),
+    "TOOL_CALL_ARGS": ("toolCallId", "tool"),
+    "REASONING_MESSAGE_CHUNK": ChunkKind.REASONING,
+    "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
+    "TOOL_CALL_CHUNK": ChunkKind.TOOL,
+}
 _ABSENT: Final = object()
 _FAILED: Final = Phase.FAILED
 
@@ -153,6 +163,50 @@ class KeyEngine:
             self._undecodable()
             return Step("undecodable", out)
         event_type: str = event["type"]
+        run = self.state.run
+        if run is not None:
+            # Fast path for the commonest record, a bare delta to an open item. Only
+            # shapes the schema check would pass untouched (no unknown, null or other
+            # optional key) and that can neither close a chunk lane nor fail come
+            # here: `{type, messageId|toolCallId, delta}` CONTENT/ARGS for an open item
+            # while the parent lane has no pending chunk item, and `{type, delta[,
+            # subagentRunId]}` CHUNK continuing its lane's pending item of that kind.
+            # Everything else takes the general path, which decides the same way.
+            fast = _FAST_DELTAS.get(event_type)
+            delta = event.get("delta")
+            if fast is not None and type(delta) is str:
+                item_id = None
+                size = len(event)
+                if type(fast) is tuple:  # CONTENT / ARGS naming an open item
+                    id_key, namespace = fast
+                    candidate = event.get(id_key)
+                    if (size == 3 and type(candidate) is str and None not in run.lanes
+                            and candidate in run.open[namespace]):
+                        item_id = candidate
+                        is_tool = namespace == "tool"
+                else:  # CHUNK continuing its lane's pending item
+                    if size == 2:
+                        pending = run.lanes.get(None)
+                    elif size == 3:
+                        tag = event.get("subagentRunId")
+                        pending = run.lanes.get(tag) if type(tag) is str else None
+                    else:
+                        pending = None
+                    if pending is not None and pending[0] is fast:
+                        item_id = pending[1]
+                        is_tool = fast is ChunkKind.TOOL
+                if item_id is not None:
+                    if delta:
+                        if is_tool:
+                            self._append_args(run, item_id, delta, None)
+                        else:
+                            record = run.messages[item_id]
+                            slot = record.content_slot
+                            if slot is None:
+                                slot = record.content_slot = run.next_slot
+                                run.next_slot += 1
+                            self.content.append(slot, delta)
+                    return Step(event_type, out)
         model = EVENT_MODELS.get(event_type)
         if self.state.phase is _FAILED and event_type != "RUN_STARTED":
             out.append(Discarded())
