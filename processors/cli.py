@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         "create-topics",
         help="create the raw, history, dead-letter and internal topics, then exit",
     )
+    demo = commands.add_parser(
+        "demo",
+        help="create topics, start a worker, replay the bundled sample runs, print a summary",
+    )
+    demo.add_argument("--replay-only", action="store_true",
+                      help="only produce the sample runs to the input topic, then exit")
     return parser
 
 
@@ -47,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         from processors.worker import run_create_topics
 
         return run_create_topics()
+    if args.command == "demo":
+        from processors.demo import run_demo
+
+        return run_demo(args.replay_only)
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 

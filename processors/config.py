@@ -45,6 +45,9 @@ DOCUMENTED: Final = (
     ("AGUI_STORE", "rocksdb://", "table store: rocksdb:// (production) or memory://"),
     ("AGUI_DATA_DIR", "/var/lib/agui-stream", "where RocksDB state lives"),
     ("AGUI_PROCESSING_GUARANTEE", "exactly_once", "exactly_once or at_least_once"),
+    ("AGUI_GROUP_INSTANCE_ID", "", "static group membership id (e.g. the pod name): a restart"
+     " takes its partitions back at once"),
+    ("AGUI_SESSION_TIMEOUT_SECONDS", "30", "a worker silent this long loses its partitions"),
     ("AGUI_MAX_RECORD_BYTES", "1000000", "largest output record; larger history is not_storable"),
     ("AGUI_METRICS_PORT", "6066", "HTTP port of /metrics and /healthz"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
@@ -75,6 +78,8 @@ class Settings:
     store: str
     data_dir: str
     processing_guarantee: str
+    group_instance_id: str | None
+    session_timeout_seconds: float
     max_record_bytes: int
     metrics_port: int
     log_level: str
@@ -155,6 +160,9 @@ class Settings:
             data_dir=_non_empty("AGUI_DATA_DIR", get("AGUI_DATA_DIR")),
             processing_guarantee=_choice("AGUI_PROCESSING_GUARANTEE",
                                          get("AGUI_PROCESSING_GUARANTEE").lower(), GUARANTEES),
+            group_instance_id=optional("AGUI_GROUP_INSTANCE_ID"),
+            session_timeout_seconds=float(_integer(
+                "AGUI_SESSION_TIMEOUT_SECONDS", get("AGUI_SESSION_TIMEOUT_SECONDS"), 6, 1800)),
             max_record_bytes=_integer("AGUI_MAX_RECORD_BYTES", get("AGUI_MAX_RECORD_BYTES"),
                                       10_000, 100_000_000),
             metrics_port=_integer("AGUI_METRICS_PORT", get("AGUI_METRICS_PORT"), 1, 65_535),

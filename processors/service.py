@@ -22,6 +22,7 @@ there) and reaches partitions that receive no traffic.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import struct
@@ -206,6 +207,9 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         topic_disable_leader=True,
         producer_max_request_size=settings.max_record_bytes + 65_536,
         consumer_auto_offset_reset="earliest",
+        consumer_group_instance_id=settings.group_instance_id,
+        broker_session_timeout=settings.session_timeout_seconds,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_seconds / 3),
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=True,
@@ -227,35 +231,59 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         name: app.topic(name, **raw)
         for name in (settings.history_topic, settings.deadletter_topic)
     }
+    # key_type/value_type bytes is what makes Faust use the raw codec for the
+    # changelog in both directions (a schema alone leaves recovery on JSON).
     table_options: dict[str, Any] = {
-        "partitions": settings.partitions,
-        "schema": faust.Schema(key_type=bytes, value_type=bytes, **raw),
+        "partitions": settings.partitions, "key_type": bytes, "value_type": bytes,
     }
     store = RunStateStore(app.Table("run-state", **table_options),
                           app.Table("run-text", **table_options))
     shell = Shell(settings, metrics, store)
     started = {"ready": False}
 
+    # One record's processing (state, outputs, ack) and a commit never interleave:
+    # see `commit_whole_records`.
+    record_boundary = asyncio.Lock()
+
     @app.agent(source)
     async def process(stream: Any) -> None:
+        if app.in_transaction:
+            commit_whole_records(app, record_boundary)
         async for event in stream.events():
-            clock = time.perf_counter()
-            message = event.message
-            record = Incoming(
-                message.topic, message.partition, message.offset,
-                None if message.timestamp is None else int(message.timestamp * 1000),
-                message.key or b"", message.value or b"",
-                _header_list(message.headers),
-            )
-            if message.topic == ticks:
-                sent = shell.sweep(message.partition, _tick_time(record.value), record)
-            else:
-                sent = shell.handle(record, time.time())
-            for item in sent:
-                await outputs[item.topic].send(key=item.key, value=item.value,
-                                               headers=item.headers)
-            metrics.processing_latency.observe(time.perf_counter() - clock)
-            started["ready"] = True
+            async with record_boundary:
+                clock = time.perf_counter()
+                message = event.message
+                record = Incoming(
+                    message.topic, message.partition, message.offset,
+                    None if message.timestamp is None else int(message.timestamp * 1000),
+                    message.key or b"", message.value or b"",
+                    _header_list(message.headers),
+                )
+                if message.topic == ticks:
+                    sent = shell.sweep(message.partition, _tick_time(record.value), record)
+                else:
+                    sent = shell.handle(record, time.time())
+                for item in sent:
+                    await send(item, message)
+                event.ack()
+                metrics.processing_latency.observe(time.perf_counter() - clock)
+                started["ready"] = True
+
+    async def send(item: Outgoing, source: Any) -> None:
+        if not app.in_transaction:
+            await outputs[item.topic].send(key=item.key, value=item.value, headers=item.headers)
+            return
+        # Faust's TransactionManager picks the transaction by the *output*
+        # record's partition, so an output keyed differently from its input
+        # (history is keyed by thread) would commit apart from the input
+        # offset and the table changelog. Send it in the source partition's
+        # transaction instead: input offset, state and outputs commit together.
+        group = app.assignor.group_for_topic(source.topic)
+        transactional_id = f"{app.conf.id}-{group}-{source.partition}"
+        await app.consumer.transactions.producer.send(
+            item.topic, item.key, item.value, None, None, item.headers,
+            transactional_id=transactional_id,
+        )
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4), on_leader=True)  # type: ignore[untyped-decorator]
     async def tick_every_partition() -> None:
@@ -288,6 +316,33 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
                         status=200 if healthy else 503)
 
     return app
+
+
+def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
+    """Make Faust's exactly-once commit cover whole records, and their state.
+
+    Faust commits on a timer, concurrently with the agent: offsets are picked
+    from the acked records while the agent may already have sent part of the
+    next record's outputs into the same transaction (a crash then replays a
+    record whose outputs were committed), and table changelog writes wait in
+    the producer buffer, which a transactional commit does not flush (a
+    crash then loses state whose input offsets were committed). Both broke
+    the kill -9 test. So the commit waits for the record in progress to
+    finish (and be acked), then flushes the buffered changelog writes into
+    their transactions, then commits.
+    """
+    consumer: Any = app.consumer  # force_commit is the concrete Consumer's
+    if getattr(consumer, "_agui_whole_records", False):
+        return
+    force_commit = consumer.force_commit
+
+    async def commit_after_record(*args: Any, **kwargs: Any) -> bool:
+        async with record_boundary:
+            await app.producer.buffer.flush()
+            return bool(await force_commit(*args, **kwargs))
+
+    consumer.force_commit = commit_after_record
+    consumer._agui_whole_records = True
 
 
 def _header_list(headers: Any) -> list[tuple[str, bytes]]:

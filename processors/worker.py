@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import sys
+from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 
 from processors.config import ConfigError, Settings
 from processors.kafka_client import aiokafka_options
 from topics.declarations import TopicSpec, ensure_topics, service_topics
+
+log = logging.getLogger("agui_stream")
 
 
 def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
@@ -65,7 +69,21 @@ def run_worker() -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(create_topics(settings, include_inputs=False))
     app = create_app(settings, Metrics())
+    running = Path(settings.data_dir) / f".{settings.app_id}-running"
+    if settings.store == "rocksdb://" and running.exists():
+        # Killed last time: RocksDB may hold writes of transactions that were
+        # aborted. Start from the changelogs (committed state only) instead.
+        log.warning("the last worker did not stop cleanly; rebuilding local state %s"
+                    " from the changelog topics", app.conf.tabledir)
+        shutil.rmtree(app.conf.tabledir, ignore_errors=True)
+    running.parent.mkdir(parents=True, exist_ok=True)
+    running.touch()
     worker = faust.Worker(app, loglevel=settings.log_level, quiet=True,
                           redirect_stdouts=False)
-    worker.execute_from_commandline()
-    return 0  # pragma: no cover - execute_from_commandline exits
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            running.unlink(missing_ok=True)
+        raise
+    return 0  # pragma: no cover - execute_from_commandline always exits

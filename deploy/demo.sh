@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The README's first command: the whole service end to end on a fresh machine.
+#
+#   bash deploy/demo.sh
+#
+# Installs what is missing (.venv, the Kafka jars), starts a local Apache Kafka
+# (KRaft, loopback only) unless KAFKA_BOOTSTRAP_SERVERS names one, creates the
+# topics, starts a worker, replays the bundled sample runs, prints a summary
+# and keeps running until Ctrl-C; then it stops everything it started.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+step() { echo "==> $*" >&2; }
+
+step "python environment"
+bash deploy/bootstrap.sh
+PY="$ROOT/.venv/bin/python"
+
+STATE="$ROOT/var/demo"
+export AGUI_DATA_DIR="$STATE/worker-state"
+export AGUI_STORE="${AGUI_STORE:-rocksdb://}"
+export AGUI_METRICS_PORT="${AGUI_METRICS_PORT:-6066}"
+export AGUI_IDLE_TIMEOUT_SECONDS="${AGUI_IDLE_TIMEOUT_SECONDS:-300}"
+rm -rf "$AGUI_DATA_DIR"
+
+started_broker=0
+cleanup() {
+    if [ "$started_broker" -eq 1 ]; then
+        step "stopping the local Kafka broker"
+        "$PY" deploy/kafka_local.py stop --state-dir "$STATE/kafka" >/dev/null 2>&1 || true
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
+    step "local Apache Kafka (KRaft) from Maven Central"
+    "$PY" deploy/kafka_local.py fetch
+    "$PY" deploy/kafka_local.py stop --state-dir "$STATE/kafka" >/dev/null 2>&1 || true
+    started_broker=1
+    bootstrap_line="$("$PY" deploy/kafka_local.py start --state-dir "$STATE/kafka" | tail -n 1)"
+    export "${bootstrap_line?}"
+fi
+step "broker at $KAFKA_BOOTSTRAP_SERVERS"
+"$ROOT/.venv/bin/agui-stream" demo

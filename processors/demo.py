@@ -1,0 +1,163 @@
+"""`agui-stream demo`: the service end to end on the broker at KAFKA_BOOTSTRAP_SERVERS.
+
+Creates the topics, starts a worker, replays the bundled sample runs (valid
+and broken), waits until every run has concluded, prints what came out, and
+keeps the worker running (metrics stay scrapeable) until Ctrl-C.
+`--replay-only` just produces the samples and exits (the compose demo).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from processors.config import Settings
+from processors.kafka_client import aiokafka_options
+from processors.samples import Sample, sample_runs
+from processors.worker import create_topics, load_settings
+
+
+async def replay(settings: Settings, samples: list[Sample]) -> int:
+    producer = AIOKafkaProducer(**aiokafka_options(settings), linger_ms=5)
+    await producer.start()
+    try:
+        topic = settings.input_topics[0]
+        for sample in samples:
+            headers = [(settings.tenant_header, sample.tenant.encode())]
+            for value in sample.values:
+                await producer.send(topic, value=value, key=sample.key.encode(),
+                                    headers=headers)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sum(len(s.values) for s in samples)
+
+
+async def read_all(settings: Settings, topic: str) -> list[tuple[dict[str, object], int]]:
+    """Every committed record of `topic` (value, and its partition)."""
+    consumer = AIOKafkaConsumer(**aiokafka_options(settings), isolation_level="read_committed",
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        found: list[tuple[dict[str, object], int]] = []
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                if not batch:
+                    break
+                for message in batch.get(tp, []):
+                    found.append((orjson.loads(message.value or b"{}"), tp.partition))
+        return found
+    finally:
+        await consumer.stop()
+
+
+def scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as reply:
+            return str(reply.read().decode())
+    except OSError:
+        return ""
+
+
+def counter(text: str, name: str) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for label, value in re.findall(rf'^{name}_total\{{\w+="([^"]+)"\}} (\S+)$', text, re.M):
+        found[label] = int(float(value))
+    return found
+
+
+def summarize(settings: Settings, samples: list[Sample]) -> tuple[bool, str]:
+    history = asyncio.run(read_all(settings, settings.history_topic))
+    dead = asyncio.run(read_all(settings, settings.deadletter_topic))
+    closing = Counter(str(v.get("outcome")) for v, _ in history if v.get("kind") == "run")
+    messages = sum(1 for v, _ in history if v.get("kind") == "message")
+    failures = Counter(str(v["code"]) for v, _ in dead if v.get("kind") == "failure")
+    warnings = Counter(str(v["code"]) for v, _ in dead if v.get("kind") == "warning")
+    metrics = scrape(settings.metrics_port)
+    lost = counter(metrics, "agui_encrypted_content_lost")
+    concluded = sum(closing.values()) + sum(failures.values())
+    lines = [
+        f"runs replayed:           {len(samples)} ({sum(len(s.values) for s in samples)} events)",
+        f"runs finished:           {closing.get('finished', 0)}",
+        f"runs ended by RUN_ERROR: {closing.get('error', 0)}",
+        f"runs failed:             {sum(failures.values())}",
+        f"history records:         {messages} messages + {sum(closing.values())} closing records",
+        f"dead letters:            {sum(failures.values()) + sum(warnings.values())}",
+        *(f"  failure  {code:32} {n}" for code, n in sorted(failures.items())),
+        *(f"  warning  {code:32} {n}" for code, n in sorted(warnings.items())),
+        f"encrypted values lost:   {sum(lost.values())}",
+        *(f"  {reason:41} {n}" for reason, n in sorted(lost.items())),
+        f"metrics:                 http://127.0.0.1:{settings.metrics_port}/metrics",
+    ]
+    return concluded >= len(samples), "\n".join(lines)
+
+
+def run_demo(replay_only: bool) -> int:
+    settings = load_settings()
+    if settings is None:
+        return 2
+    samples = sample_runs()
+    print(f"broker {','.join(settings.bootstrap_servers)}: creating topics", flush=True)
+    asyncio.run(create_topics(settings, include_inputs=True))
+    if replay_only:
+        produced = asyncio.run(replay(settings, samples))
+        print(f"replayed {len(samples)} runs ({produced} events) to {settings.input_topics[0]}")
+        return 0
+    data_dir = Path(os.environ.get("AGUI_DATA_DIR", "var/demo-state"))
+    env = {**os.environ, "AGUI_DATA_DIR": str(data_dir)}
+    log_path = data_dir.parent / "demo-worker.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "processors.cli", "worker"], env=env,
+                                  stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    print(f"worker started (pid {worker.pid}, log {log_path})", flush=True)
+    try:
+        produced = asyncio.run(replay(settings, samples))
+        print(f"replayed {len(samples)} sample runs ({produced} events); processing...",
+              flush=True)
+        deadline = time.monotonic() + 180
+        done, report = False, ""
+        while not done and time.monotonic() < deadline:
+            if worker.poll() is not None:
+                print(f"the worker exited ({worker.returncode}); see {log_path}",
+                      file=sys.stderr)
+                return 1
+            done, report = summarize(settings, samples)
+            if not done:
+                time.sleep(1)
+        print("\n" + report + "\n", flush=True)
+        if not done:
+            print(f"not every run concluded within 180 s; see {log_path}", file=sys.stderr)
+            return 1
+        print("The worker keeps running; press Ctrl-C to stop everything.", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        worker.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+        print("worker stopped", flush=True)

@@ -1,0 +1,110 @@
+"""The bundled sample of agent runs the demo replays: valid ones and broken ones.
+
+Deterministic; each sample is one run key's record values, with a tenant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    key: str
+    tenant: str
+    description: str
+    values: list[bytes]
+
+
+def _run(thread: str, run: str, *events: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"type": "RUN_STARTED", "threadId": thread, "runId": run, "protocolVersion": "1.0"},
+        *events,
+        {"type": "RUN_FINISHED", "threadId": thread, "runId": run},
+    ]
+
+
+def _reasoning(message_id: str, *deltas: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "REASONING_MESSAGE_START", "messageId": message_id, "role": "reasoning"},
+        *({"type": "REASONING_MESSAGE_CONTENT", "messageId": message_id, "delta": d}
+          for d in deltas),
+        {"type": "REASONING_MESSAGE_END", "messageId": message_id},
+    ]
+
+
+def _answer(message_id: str, text: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "TEXT_MESSAGE_START", "messageId": message_id, "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": message_id, "delta": text},
+        {"type": "TEXT_MESSAGE_END", "messageId": message_id},
+    ]
+
+
+def _encrypted(entity: str, value: str, subtype: str = "message") -> dict[str, Any]:
+    return {"type": "REASONING_ENCRYPTED_VALUE", "subtype": subtype, "entityId": entity,
+            "encryptedValue": value}
+
+
+def _valid_runs(count: int) -> list[Sample]:
+    samples = []
+    for n in range(count):
+        thread, run = f"thread-{n:03d}", f"run-{n:03d}"
+        events = _run(
+            thread, run,
+            {"type": "REASONING_START", "messageId": f"span-{n}"},
+            *_reasoning(f"r-{n}", "Let me think ", f"about question {n}."),
+            _encrypted(f"r-{n}", f"gAAAAB-sample-{n:03d}"),
+            {"type": "REASONING_END", "messageId": f"span-{n}"},
+            {"type": "TOOL_CALL_START", "toolCallId": f"tc-{n}", "toolCallName": "search",
+             "parentMessageId": f"a-{n}"},
+            {"type": "TOOL_CALL_ARGS", "toolCallId": f"tc-{n}", "delta": '{"q":"demo"}'},
+            {"type": "TOOL_CALL_END", "toolCallId": f"tc-{n}"},
+            {"type": "TOOL_CALL_RESULT", "messageId": f"t-{n}", "toolCallId": f"tc-{n}",
+             "content": "3 results"},
+            {"type": "REASONING_MESSAGE_CHUNK", "messageId": f"r2-{n}", "delta": "Chunked "},
+            {"type": "REASONING_MESSAGE_CHUNK", "delta": "reasoning."},
+            *_answer(f"m-{n}", f"Answer {n}."),
+        )
+        samples.append(Sample(f"{thread}/{run}", ("acme", "globex")[n % 2],
+                              "valid run", [orjson.dumps(e) for e in events]))
+    return samples
+
+
+def _broken_runs() -> list[Sample]:
+    thread = "thread-broken"
+    broken: list[tuple[str, list[Any]]] = [
+        ("orphan reasoning content (message_not_open)", _run(
+            thread, "orphan",
+            {"type": "REASONING_MESSAGE_CONTENT", "messageId": "ghost", "delta": "?"})),
+        ("encrypted value for an unknown message (lost: unknown_entity)", _run(
+            thread, "lost-value", *_reasoning("r1", "x"), _encrypted("nobody", "enc-lost"))),
+        ("unknown encrypted subtype (lost: unknown_subtype)", _run(
+            thread, "subtype", *_reasoning("r1", "x"), _encrypted("r1", "enc-x", "tool-result"))),
+        ("reasoning message left open (open_at_finish)", _run(
+            thread, "left-open",
+            {"type": "REASONING_MESSAGE_START", "messageId": "r1", "role": "reasoning"})),
+        ("null metadata (malformed_event)", _run(
+            thread, "null", {"type": "REASONING_START", "messageId": "s1", "metadata": None})),
+        ("a newer producer's material (warnings, run finishes)", _run(
+            thread, "newer", {"type": "FUTURE_EVENT", "x": 1},
+            {"type": "REASONING_START", "messageId": "s1", "futureField": True},
+            {"type": "REASONING_END", "messageId": "s1"})),
+        ("a run failed while holding a value (lost: run_failed)", [
+            *_run(thread, "held", *_reasoning("r1", "x"), _encrypted("r1", "enc-held"))[:-1],
+            {"type": "REASONING_END", "messageId": "never-opened"}]),
+        ("an undecodable record (undecodable_record)", [
+            {"type": "RUN_STARTED", "threadId": thread, "runId": "bytes"}, b"\xff not json"]),
+    ]
+    return [
+        Sample(f"{thread}/{n}", "acme", description,
+               [e if isinstance(e, bytes) else orjson.dumps(e) for e in events])
+        for n, (description, events) in enumerate(broken)
+    ]
+
+
+def sample_runs(valid: int = 40) -> list[Sample]:
+    return [*_valid_runs(valid), *_broken_runs()]
