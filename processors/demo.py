@@ -9,6 +9,7 @@ keeps the worker running (metrics stay scrapeable) until Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
@@ -50,17 +51,15 @@ async def read_all(settings: Settings, topic: str) -> list[tuple[dict[str, objec
                                 enable_auto_commit=False)
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in partitions]
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         ends = await consumer.end_offsets(tps)
         found: list[tuple[dict[str, object], int]] = []
+        deadline = time.monotonic() + 30
         for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
+            while await consumer.position(tp) < ends[tp] and time.monotonic() < deadline:
                 batch = await consumer.getmany(tp, timeout_ms=1000)
-                if not batch:
-                    break
                 for message in batch.get(tp, []):
                     found.append((orjson.loads(message.value or b"{}"), tp.partition))
         return found
@@ -113,6 +112,8 @@ def run_demo(replay_only: bool) -> int:
     settings = load_settings()
     if settings is None:
         return 2
+    # Leader elections right after topic creation make aiokafka log retries.
+    logging.basicConfig(level=logging.ERROR)
     samples = sample_runs()
     print(f"broker {','.join(settings.bootstrap_servers)}: creating topics", flush=True)
     asyncio.run(create_topics(settings, include_inputs=True))

@@ -30,9 +30,11 @@ import time
 import traceback
 from collections.abc import MutableMapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import faust
+from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import Settings
@@ -59,6 +61,39 @@ class LiveKey:
     stored: bytes | None
     partition: int
     last_seen: float
+
+
+class RecordScopedTable(faust.Table[bytes, bytes]):
+    """A Faust table whose changelog writes the agent sends itself.
+
+    Faust queues a table's changelog writes in a producer buffer that a
+    transactional commit does not drain, so a crash could commit a record's
+    offset without its state. Here each write is kept in `unsent` and the
+    agent sends it, awaited, in the record's own transaction before the
+    record is acked.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unsent: list[tuple[int, bytes, bytes | None]] = []
+
+    def send_changelog(self, partition: int | None, key: Any, value: Any,
+                       key_serializer: Any = None, value_serializer: Any = None) -> Any:
+        assert partition is not None  # always the partition of the record in progress
+        self.unsent.append((partition, key, value))
+        # Faust reads the partition back from what this returns.
+        return SimpleNamespace(message=SimpleNamespace(partition=partition))
+
+    def on_delivered(self, delivery: asyncio.Future[Any]) -> None:
+        """What Faust's own send callback does: note the persisted offset."""
+        if delivery.cancelled() or delivery.exception() is not None:
+            return  # the transaction fails, and the record is processed again
+        metadata = delivery.result()
+        tp, offset = TP(metadata.topic, metadata.partition), metadata.offset
+        if self.app.in_transaction:
+            self.app.tables.persist_offset_on_commit(self.data, tp, offset)
+        else:
+            self.data.set_persisted_offset(tp, offset)
 
 
 class RunStateStore:
@@ -227,17 +262,18 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
     else:
         source = app.topic(*settings.input_topics, ticks, **raw)
     ticks_topic = app.topic(ticks, **raw)
-    outputs = {
-        name: app.topic(name, **raw)
-        for name in (settings.history_topic, settings.deadletter_topic)
-    }
     # key_type/value_type bytes is what makes Faust use the raw codec for the
     # changelog in both directions (a schema alone leaves recovery on JSON).
-    table_options: dict[str, Any] = {
-        "partitions": settings.partitions, "key_type": bytes, "value_type": bytes,
-    }
-    store = RunStateStore(app.Table("run-state", **table_options),
-                          app.Table("run-text", **table_options))
+    tables: list[RecordScopedTable] = [
+        RecordScopedTable(
+            app, name=name, beacon=app.tables.beacon, partitions=settings.partitions,
+            key_type=bytes, value_type=bytes,
+        )
+        for name in ("run-state", "run-text")
+    ]
+    for table in tables:
+        app.tables.add(table)
+    store = RunStateStore(*tables)
     shell = Shell(settings, metrics, store)
     started = {"ready": False}
 
@@ -264,25 +300,36 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
                 else:
                     sent = shell.handle(record, time.time())
                 for item in sent:
-                    await send(item, message)
+                    await send(item.topic, item.key, item.value, item.headers, None, message)
+                for table in tables:
+                    for partition, key, value in table.unsent:
+                        delivery = await send(table.changelog_topic.get_topic_name(), key,
+                                              value, None, partition, message)
+                        delivery.add_done_callback(table.on_delivered)
+                    table.unsent.clear()
                 event.ack()
                 metrics.processing_latency.observe(time.perf_counter() - clock)
                 started["ready"] = True
 
-    async def send(item: Outgoing, source: Any) -> None:
+    producer = app.producer
+
+    async def send(topic: str, key: bytes, value: bytes | None,
+                   headers: list[tuple[str, bytes]] | None, partition: int | None,
+                   source: Any) -> Any:
+        """Enqueue a record; it commits with the source record's offset.
+
+        Faust's TransactionManager would pick the transaction by the *output*
+        record's partition, so an output keyed differently from its input
+        (history is keyed by thread) would commit apart from the input
+        offset. Every record a source record causes goes in the source
+        partition's transaction instead.
+        """
         if not app.in_transaction:
-            await outputs[item.topic].send(key=item.key, value=item.value, headers=item.headers)
-            return
-        # Faust's TransactionManager picks the transaction by the *output*
-        # record's partition, so an output keyed differently from its input
-        # (history is keyed by thread) would commit apart from the input
-        # offset and the table changelog. Send it in the source partition's
-        # transaction instead: input offset, state and outputs commit together.
+            return await producer.send(topic, key, value, partition, None, headers)
         group = app.assignor.group_for_topic(source.topic)
-        transactional_id = f"{app.conf.id}-{group}-{source.partition}"
-        await app.consumer.transactions.producer.send(
-            item.topic, item.key, item.value, None, None, item.headers,
-            transactional_id=transactional_id,
+        return await app.consumer.transactions.producer.send(
+            topic, key, value, partition, None, headers,
+            transactional_id=f"{app.conf.id}-{group}-{source.partition}",
         )
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4), on_leader=True)  # type: ignore[untyped-decorator]
@@ -319,17 +366,13 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
 
 
 def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
-    """Make Faust's exactly-once commit cover whole records, and their state.
+    """Make Faust's exactly-once commit cover whole records.
 
-    Faust commits on a timer, concurrently with the agent: offsets are picked
+    Faust commits on a timer, concurrently with the agent: it picks offsets
     from the acked records while the agent may already have sent part of the
-    next record's outputs into the same transaction (a crash then replays a
-    record whose outputs were committed), and table changelog writes wait in
-    the producer buffer, which a transactional commit does not flush (a
-    crash then loses state whose input offsets were committed). Both broke
-    the kill -9 test. So the commit waits for the record in progress to
-    finish (and be acked), then flushes the buffered changelog writes into
-    their transactions, then commits.
+    next record's outputs into the same transaction, so a crash replayed a
+    record whose outputs were committed (duplicates in the kill -9 test).
+    The commit now waits until the record in progress is sent and acked.
     """
     consumer: Any = app.consumer  # force_commit is the concrete Consumer's
     if getattr(consumer, "_agui_whole_records", False):
@@ -338,7 +381,6 @@ def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
 
     async def commit_after_record(*args: Any, **kwargs: Any) -> bool:
         async with record_boundary:
-            await app.producer.buffer.flush()
             return bool(await force_commit(*args, **kwargs))
 
     consumer.force_commit = commit_after_record

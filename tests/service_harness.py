@@ -194,9 +194,10 @@ class Consumed:
 class TopicReader:
     """Reads a topic from the beginning with read_committed, accumulating records."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int = 4) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.partitions = partitions
         self.records: list[Consumed] = []
         self._positions: dict[int, int] = {}
 
@@ -207,11 +208,7 @@ class TopicReader:
                                         enable_auto_commit=False, auto_offset_reset="earliest")
             await consumer.start()
             try:
-                partitions = consumer.partitions_for_topic(self.topic) or set()
-                if not partitions:
-                    await consumer._client.force_metadata_update()
-                    partitions = consumer.partitions_for_topic(self.topic) or set()
-                tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
+                tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
                 consumer.assign(tps)
                 for tp in tps:
                     consumer.seek(tp, self._positions.get(tp.partition, 0))
@@ -220,11 +217,11 @@ class TopicReader:
                 async def behind() -> bool:
                     return any([await consumer.position(tp) < ends[tp] for tp in tps])
 
-                while await behind():
+                # read_committed end offsets are the last stable offsets: positions
+                # reach them once everything committed before this poll is read.
+                deadline = time.monotonic() + 30
+                while await behind() and time.monotonic() < deadline:
                     batch = await consumer.getmany(timeout_ms=500)
-                    if not batch:
-                        # The end offset may sit past an aborted transaction's marker.
-                        break
                     for tp, messages in batch.items():
                         for m in messages:
                             new.append(Consumed(m.key or b"", orjson.loads(m.value),
