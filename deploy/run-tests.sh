@@ -52,7 +52,7 @@ if [ "${AGUI_SKIP_LINT:-0}" = "1" ] && [ "${CI:-}" != "true" ]; then
     warn "AGUI_SKIP_LINT=1: skipping ruff and mypy (never skipped when CI=true)"
 else
     step "ruff check"
-    "$ROOT/.venv/bin/ruff" check processors topics deploy tests/conftest.py tests/test_local_broker.py
+    "$ROOT/.venv/bin/ruff" check processors topics deploy tests benchmarks
 
     step "mypy (strict) processors topics"
     "$ROOT/.venv/bin/mypy" processors topics
