@@ -30,7 +30,8 @@ from processors.worker import create_topics, load_settings
 
 
 async def replay(settings: Settings, samples: list[Sample]) -> int:
-    producer = AIOKafkaProducer(**aiokafka_options(settings), linger_ms=5)
+    producer = AIOKafkaProducer(**aiokafka_options(settings), linger_ms=5,
+                                enable_idempotence=True)
     await producer.start()
     try:
         topic = settings.input_topics[0]

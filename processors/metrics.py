@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
+from topics.events import EVENT_TYPES
+
 
 class Metrics:
     """One set of the service's metrics, registered on one registry."""
@@ -48,6 +51,11 @@ class Metrics:
             "Events discarded because their run had already failed.",
             registry=r,
         )
+        self.replayed_records = Counter(
+            "agui_replayed_records",
+            "Records skipped because they were already applied (replay after a crash).",
+            registry=r,
+        )
         self.open_runs = Gauge(
             "agui_open_runs", "Runs started and not yet concluded on this worker.", registry=r
         )
@@ -63,3 +71,23 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
+        self._expose_every_label()
+
+    def _expose_every_label(self) -> None:
+        """Export every series of the closed label sets from the start, at 0.
+
+        Dashboards then show every code, and `increase()` sees the first loss
+        (a series that appears at 1 has no increase to Prometheus).
+        """
+        for reason in LossReason:
+            self.encrypted_content_lost.labels(reason.value)
+        for warning in WarningCode:
+            self.warnings.labels(warning.value)
+        for failure in (*FailureCode, "processing_error"):
+            self.run_failures.labels(str(failure))
+        for event_type in (*sorted(EVENT_TYPES), "unknown", "undecodable", "abandoned"):
+            self.events.labels(event_type)
+        for outcome in Outcome:
+            self.runs.labels(outcome.value)
+        for kind in ("failure", "warning"):
+            self.deadletter_records.labels(kind)

@@ -43,7 +43,7 @@ from processors.engine.state import KeyState, Phase
 from processors.kafka_client import faust_credentials
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
-from processors.table_content import TableContentStore
+from processors.table_content import Source, TableContentStore
 from topics.declarations import idle_ticks_topic
 
 log = logging.getLogger("agui_stream")
@@ -58,6 +58,7 @@ class LiveKey:
     """A key's engine kept between records, with what the table last stored."""
 
     engine: KeyEngine
+    progress: TableContentStore  # the engine's content store, with the replay guard
     stored: bytes | None
     partition: int
     last_seen: float
@@ -107,9 +108,17 @@ class RunStateStore:
     def load(self, state_key: bytes, partition: int, now: float) -> LiveKey:
         stored = self.states.get(state_key)
         state = None if stored is None else KeyState.from_json(stored[_PARTITION.size:])
-        engine = KeyEngine(state, TableContentStore(self.texts, state_key))
-        return LiveKey(engine, None if stored is None else stored[_PARTITION.size:],
-                       partition, now)
+        return self._live(state_key, state, None if stored is None
+                          else stored[_PARTITION.size:], partition, now)
+
+    def reset(self, state_key: bytes, partition: int, now: float) -> LiveKey:
+        """The key starts over in the failed phase (after an internal error)."""
+        return self._live(state_key, KeyState(Phase.FAILED), None, partition, now)
+
+    def _live(self, state_key: bytes, state: KeyState | None, stored: bytes | None,
+              partition: int, now: float) -> LiveKey:
+        content = TableContentStore(self.texts, state_key)
+        return LiveKey(KeyEngine(state, content), content, stored, partition, now)
 
     def save(self, state_key: bytes, live: LiveKey) -> None:
         encoded = live.engine.state.to_json()
@@ -117,8 +126,9 @@ class RunStateStore:
             self.states[state_key] = _PARTITION.pack(live.partition) + encoded
             live.stored = encoded
 
-    def forget(self, state_key: bytes) -> None:
+    def forget(self, state_key: bytes, live: LiveKey) -> None:
         self.states.pop(state_key, None)
+        live.progress.forget()
 
     def keys_of_partition(self, partition: int) -> list[tuple[bytes, bool]]:
         """(state key, has an active run) for every key stored for `partition`."""
@@ -168,8 +178,14 @@ class Shell:
             if live is None:
                 live = self.live[state_key] = self.store.load(state_key, record.partition, now)
             live.last_seen = now
+            source = Source(record.topic, record.partition, record.offset)
+            if live.progress.already_applied(source):
+                # Replayed from an older committed offset: applied and published.
+                self.metrics.replayed_records.inc()
+                return []
             step = live.engine.feed(record.value)
             self.store.save(state_key, live)
+            live.progress.record_applied(source)
             self._track_open(state_key, live)
             return self.builder.build(step, record, tenant)
         except Exception as error:  # never let Faust ack-and-drop a record
@@ -193,7 +209,7 @@ class Shell:
                 abandoned = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
                                      key_of(state_key), b"", [])
                 out.extend(self.builder.build(step, abandoned, tenant_of(state_key)))
-            self.store.forget(state_key)
+            self.store.forget(state_key, live)
             self.live.pop(state_key, None)
             self.open_runs.pop(state_key, None)
         self.metrics.open_runs.set(len(self.open_runs))
@@ -221,9 +237,10 @@ class Shell:
         live = self.live.pop(state_key, None)
         if live is not None:
             live.engine.content.clear()
-        failed = KeyEngine(KeyState(Phase.FAILED), TableContentStore(self.store.texts, state_key))
-        replacement = LiveKey(failed, None, record.partition, time.time())
+        replacement = self.store.reset(state_key, record.partition, time.time())
         self.store.save(state_key, replacement)
+        replacement.progress.record_applied(Source(record.topic, record.partition,
+                                                   record.offset))
         self.live[state_key] = replacement
         self.open_runs.pop(state_key, None)
 

@@ -1,38 +1,60 @@
-"""A `ContentStore` kept in a Faust table: one small entry per delta.
+"""A key's streamed text and its progress, kept in a Faust table.
 
-Keys are `<state key> 0x01 <fragment number>`; a counter entry
-`<state key> 0x02` says how many fragments the active run has. Appending one
-delta therefore writes one fragment and one 8-byte counter to the changelog,
-never the text that came before; concluding the run deletes them.
+Keys are `<state key> 0x01 <fragment number>` for the deltas of the active
+run, and `<state key> 0x02` for the key's progress: how many fragments the run
+has and which input record was applied last. Applying one record writes its
+fragment (if it carried a delta) and the small progress entry, never the text
+that came before; concluding the run deletes the fragments.
+
+The progress entry is what makes applying records idempotent: it commits in
+the same transaction as the record's state and outputs, so a record at or
+below it was applied and its outputs published. A worker that restarts from
+an older committed offset (the offset fetch can race the commit of the
+transaction a killed worker had in flight) skips such records instead of
+publishing their history again.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 
 _FRAGMENT = b"\x01"
-_COUNTER = b"\x02"
+_PROGRESS = b"\x02"
 _SLOT = struct.Struct(">I")
 _NUMBER = struct.Struct(">Q")
+_PROGRESS_VALUE = struct.Struct(">QqI")  # fragments, last offset, source partition
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where an input record came from."""
+
+    topic: str
+    partition: int
+    offset: int
 
 
 class TableContentStore:
-    __slots__ = ("_count", "_prefix", "_table")
+    __slots__ = ("_applied", "_count", "_prefix", "_table")
 
     def __init__(self, table: MutableMapping[bytes, bytes], state_key: bytes) -> None:
         self._table = table
         self._prefix = state_key
-        stored = table.get(state_key + _COUNTER)
-        self._count = 0 if stored is None else _NUMBER.unpack(stored)[0]
+        stored = table.get(state_key + _PROGRESS)
+        self._count = 0
+        self._applied: Source | None = None
+        if stored is not None:
+            self._count, offset, partition = _PROGRESS_VALUE.unpack_from(stored)
+            topic = stored[_PROGRESS_VALUE.size:].decode()
+            self._applied = Source(topic, partition, offset)
 
     def append(self, slot: int, text: str) -> None:
-        index = self._count
-        self._table[self._prefix + _FRAGMENT + _NUMBER.pack(index)] = (
+        self._table[self._prefix + _FRAGMENT + _NUMBER.pack(self._count)] = (
             _SLOT.pack(slot) + text.encode("utf-8", "surrogatepass")
         )
-        self._count = index + 1
-        self._table[self._prefix + _COUNTER] = _NUMBER.pack(self._count)
+        self._count += 1
 
     def texts(self) -> dict[int, str]:
         parts: dict[int, list[bytes]] = {}
@@ -47,6 +69,22 @@ class TableContentStore:
     def clear(self) -> None:
         for index in range(self._count):
             self._table.pop(self._prefix + _FRAGMENT + _NUMBER.pack(index), None)
-        if self._count:
-            self._table.pop(self._prefix + _COUNTER, None)
         self._count = 0
+
+    def already_applied(self, source: Source) -> bool:
+        applied = self._applied
+        return (applied is not None and applied.topic == source.topic
+                and applied.partition == source.partition and source.offset <= applied.offset)
+
+    def record_applied(self, source: Source) -> None:
+        self._applied = source
+        self._table[self._prefix + _PROGRESS] = (
+            _PROGRESS_VALUE.pack(self._count, source.offset, source.partition)
+            + source.topic.encode()
+        )
+
+    def forget(self) -> None:
+        """The key's state is freed: drop its fragments and its progress."""
+        self.clear()
+        self._table.pop(self._prefix + _PROGRESS, None)
+        self._applied = None

@@ -163,7 +163,9 @@ class Produced:
 def produce(bootstrap: str, topic: str,
             records: Iterable[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> list[Produced]:
     async def run() -> list[Produced]:
+        # Idempotent: a retried batch (leader elections) must not duplicate input.
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
+                                    enable_idempotence=True,
                                     max_request_size=4_000_000)
         await producer.start()
         try:

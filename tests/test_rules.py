@@ -486,7 +486,7 @@ def test_after_run_finished_only_run_started_or_late_run_error() -> None:
 
 def test_late_run_error_after_finished_is_silent() -> None:
     replay = play(*in_run(*text("m", "x")), run_error("late"))
-    assert replay.steps[5].decisions == []
+    assert not replay.steps[5].decisions
     assert len(replay.concluded) == 1
     # ... but only one: after a RUN_ERROR only RUN_STARTED may follow.
     replay = play(*in_run(), run_error("late"), run_error("later"))
@@ -591,16 +591,16 @@ def test_abandon_fails_run_and_loses_held_values() -> None:
     assert isinstance(failed, Failed) and failed.code.value == "run_abandoned"
     assert failed.run is not None and failed.run.run_id == "r1"
     assert engine.state.run is None  # state freed
-    assert engine.abandon().decisions == []
+    assert not engine.abandon().decisions
     replay = play(custom(), run_started("r2"), run_finished("r2"), engine=engine)
     assert replay.discarded == 1 and replay.concluded[0].outcome.value == "finished"
 
 
 def test_abandon_without_run_decides_nothing() -> None:
     engine = KeyEngine()
-    assert engine.abandon().decisions == []
+    assert not engine.abandon().decisions
     play(*in_run(), engine=engine)
-    assert engine.abandon().decisions == []
+    assert not engine.abandon().decisions
 
 
 def test_several_runs_entities_are_per_run() -> None:

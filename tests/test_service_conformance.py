@@ -120,3 +120,15 @@ def test_conformance_corpus_through_the_service(kafka_bootstrap: str, tmp_path: 
     want_lost = Counter(loss["reason"] for _, runs in cases.values() for r in runs
                         for loss in r["lostEncrypted"])
     assert scraped_counter(metrics, "agui_encrypted_content_lost") == want_lost
+    # The rest of /metrics agrees with what was published.
+    want_outcomes = Counter(r["outcome"] for _, runs in cases.values() for r in runs
+                            if r["outcome"] != "open")
+    assert scraped_counter(metrics, "agui_runs") == want_outcomes
+    assert scraped_counter(metrics, "agui_deadletter_records") == Counter(
+        r.value["kind"] for r in dead)
+    assert scraped_counter(metrics, "agui_warnings") == Counter(
+        w["code"] for _, runs in cases.values() for r in runs for w in r["warnings"])
+    assert scraped_counter(metrics, "agui_run_failures") == Counter(
+        r["failure"]["code"] for _, runs in cases.values() for r in runs if r["failure"])
+    assert f"agui_history_records_total {float(len(history))}" in metrics
+    assert sum(scraped_counter(metrics, "agui_events").values()) == len(produced)

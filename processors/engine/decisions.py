@@ -7,6 +7,7 @@ Reasons are readable and never contain reasoning text or encrypted values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,4 +73,4 @@ class Step:
     """
 
     event_type: str
-    decisions: list[Decision]
+    decisions: Sequence[Decision]  # read-only: quiet steps are shared

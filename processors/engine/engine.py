@@ -91,16 +91,27 @@ _KIND_NAMES: Final = {
     "step": "step",
     "subagent": "subagent",
 }
-# Bare deltas taken by the fast path of `KeyEngine.feed`: (id key, namespace) of
-# an explicit continuation, or the kind of a chunk continuing its lane.
-_FAST_DELTAS: Final[dict[str, tuple[str, str] | ChunkKind]] = {
+# Bare deltas taken by `KeyEngine._took_bare_delta`: (id key, namespace) of an
+# explicit continuation, and the kind of a chunk continuing its lane.
+_FAST_CONTINUATIONS: Final = {
     "REASONING_MESSAGE_CONTENT": ("messageId", "reasoning"),
     "TEXT_MESSAGE_CONTENT": ("messageId", "text"),
     "TOOL_CALL_ARGS": ("toolCallId", "tool"),
+}
+_FAST_CHUNKS: Final = {
     "REASONING_MESSAGE_CHUNK": ChunkKind.REASONING,
     "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
     "TOOL_CALL_CHUNK": ChunkKind.TOOL,
 }
+# A record that decided nothing gets a shared, immutable Step.
+_QUIET_STEPS: Final = {
+    event_type: Step(event_type, ())
+    for event_type in (*EVENT_MODELS, "unknown", "undecodable", "abandoned")
+}
+
+
+def _step(event_type: str, decisions: list[Decision]) -> Step:
+    return Step(event_type, tuple(decisions)) if decisions else _QUIET_STEPS[event_type]
 _ABSENT: Final = object()
 _FAILED: Final = Phase.FAILED
 
@@ -153,75 +164,35 @@ class KeyEngine:
 
     def feed(self, raw: bytes | str) -> Step:
         """Apply the next record value of the key; return what it decided."""
-        out: list[Decision] = []
-        self._out = out
         try:
             event = orjson.loads(raw)
         except orjson.JSONDecodeError:
             event = None
         if type(event) is not dict or type(event.get("type")) is not str:
+            self._out = []
             self._undecodable()
-            return Step("undecodable", out)
+            return _step("undecodable", self._out)
         event_type: str = event["type"]
         run = self.state.run
-        if run is not None:
-            # Fast path for the commonest record, a bare delta to an open item. Only
-            # shapes the schema check would pass untouched (no unknown, null or other
-            # optional key) and that can neither close a chunk lane nor fail come
-            # here: `{type, messageId|toolCallId, delta}` CONTENT/ARGS for an open item
-            # while the parent lane has no pending chunk item, and `{type, delta[,
-            # subagentRunId]}` CHUNK continuing its lane's pending item of that kind.
-            # Everything else takes the general path, which decides the same way.
-            fast = _FAST_DELTAS.get(event_type)
-            delta = event.get("delta")
-            if fast is not None and type(delta) is str:
-                item_id = None
-                size = len(event)
-                if type(fast) is tuple:  # CONTENT / ARGS naming an open item
-                    id_key, namespace = fast
-                    candidate = event.get(id_key)
-                    if (size == 3 and type(candidate) is str and None not in run.lanes
-                            and candidate in run.open[namespace]):
-                        item_id = candidate
-                        is_tool = namespace == "tool"
-                else:  # CHUNK continuing its lane's pending item
-                    if size == 2:
-                        pending = run.lanes.get(None)
-                    elif size == 3:
-                        tag = event.get("subagentRunId")
-                        pending = run.lanes.get(tag) if type(tag) is str else None
-                    else:
-                        pending = None
-                    if pending is not None and pending[0] is fast:
-                        item_id = pending[1]
-                        is_tool = fast is ChunkKind.TOOL
-                if item_id is not None:
-                    if delta:
-                        if is_tool:
-                            self._append_args(run, item_id, delta, None)
-                        else:
-                            record = run.messages[item_id]
-                            slot = record.content_slot
-                            if slot is None:
-                                slot = record.content_slot = run.next_slot
-                                run.next_slot += 1
-                            self.content.append(slot, delta)
-                    return Step(event_type, out)
+        if run is not None and self._took_bare_delta(run, event_type, event):
+            return _QUIET_STEPS[event_type]
+        out: list[Decision] = []
+        self._out = out
         model = EVENT_MODELS.get(event_type)
         if self.state.phase is _FAILED and event_type != "RUN_STARTED":
             out.append(Discarded())
-            return Step("unknown" if model is None else event_type, out)
+            return _step("unknown" if model is None else event_type, out)
         if model is None:
             self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
                        "event type is not an AG-UI 1.0 type; the event was dropped")
-            return Step("unknown", out)
+            return _step("unknown", out)
         findings = self._findings
         try:
             checked = check_model(model, event, "", findings)
         except Malformed as error:
             findings.clear()
             self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
-            return Step(event_type, out)
+            return _step(event_type, out)
         if checked is REMOVE:
             checked = None  # an unknown union member in a required position
         if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
@@ -233,10 +204,64 @@ class KeyEngine:
                            "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
                            " the event was dropped")
                 out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
-                return Step(event_type, out)
+                return _step(event_type, out)
         if checked is not None:
             self._apply(event_type, checked)
-        return Step(event_type, out)
+        return _step(event_type, out)
+
+    def _took_bare_delta(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
+        """The fast path for the commonest record, a bare delta to an open item.
+
+        Takes only shapes the schema check would pass untouched (no unknown,
+        null or other optional key) and that can neither close a chunk lane
+        nor fail: `{type, messageId|toolCallId, delta}` CONTENT/ARGS for an
+        open item while the parent lane has no pending chunk item, and
+        `{type, delta[, subagentRunId]}` CHUNK continuing its lane's pending
+        item of that kind. Anything else takes the general path, which
+        decides the same way (tests/test_properties.py proves it).
+        """
+        explicit = _FAST_CONTINUATIONS.get(event_type)
+        if explicit is not None:
+            if len(event) != 3:
+                return False
+            id_key, namespace = explicit
+            item_id = event.get(id_key)
+            delta = event.get("delta")
+            if (type(delta) is not str or type(item_id) is not str
+                    or item_id not in run.open[namespace] or None in run.lanes):
+                return False
+            kind = ChunkKind.TOOL if namespace == "tool" else None
+        else:
+            kind = _FAST_CHUNKS.get(event_type)
+            if kind is None:
+                return False
+            delta = event.get("delta")
+            if type(delta) is not str:
+                return False
+            size = len(event)
+            if size == 2:
+                pending = run.lanes.get(None)
+            elif size == 3:
+                tag = event.get("subagentRunId")
+                pending = run.lanes.get(tag) if type(tag) is str else None
+            else:
+                return False
+            if pending is None or pending[0] is not kind:
+                return False
+            item_id = pending[1]
+        if delta:
+            if kind is ChunkKind.TOOL:
+                self._append_args(run, item_id, delta, None)
+            else:
+                self._append_text(run, run.messages[item_id], delta)
+        return True
+
+    def _append_text(self, run: RunState, record: MessageRecord, delta: str) -> None:
+        slot = record.content_slot
+        if slot is None:
+            slot = record.content_slot = run.next_slot
+            run.next_slot += 1
+        self.content.append(slot, delta)
 
     def abandon(self) -> Step:
         """The caller's idle timeout expired: the active run fails `run_abandoned`."""
@@ -246,7 +271,7 @@ class KeyEngine:
             self._fail(FailureCode.RUN_ABANDONED,
                        "no terminal event arrived before the idle timeout",
                        loss=LossReason.RUN_ABANDONED)
-        return Step("abandoned", out)
+        return _step("abandoned", out)
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -601,12 +626,7 @@ class KeyEngine:
             return
         delta = event["delta"]
         if delta:
-            record = run.messages[message_id]
-            slot = record.content_slot
-            if slot is None:
-                slot = record.content_slot = run.next_slot
-                run.next_slot += 1
-            self.content.append(slot, delta)
+            self._append_text(run, run.messages[message_id], delta)
 
     def _reasoning_end(self, run: RunState, event: dict[str, Any]) -> None:
         self._close(run, "reasoning", event["messageId"], event)
@@ -647,11 +667,7 @@ class KeyEngine:
     ) -> None:
         record = run.messages[message_id]
         if delta:
-            slot = record.content_slot
-            if slot is None:
-                slot = record.content_slot = run.next_slot
-                run.next_slot += 1
-            self.content.append(slot, delta)
+            self._append_text(run, record, delta)
         if metadata is not None:
             record.metadata = _merged(record.metadata, metadata)
 
