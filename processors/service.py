@@ -357,16 +357,28 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
 
     @app.timer(10.0)  # type: ignore[untyped-decorator]
     async def measure_lag() -> None:
-        consumer = app.consumer
-        committed = getattr(consumer, "_committed_offset", {})
-        for tp in consumer.assignment():
-            if tp.topic == ticks:
-                continue
-            lag = max(0, consumer.highwater(tp) - (committed.get(tp) or 0))
-            metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+        # An exception in a Faust timer crashes the worker: metrics never may.
+        try:
+            consumer = app.consumer
+            committed = getattr(consumer, "_committed_offset", {})
+            for tp in consumer.assignment():
+                end = consumer.highwater(tp)
+                if tp.topic == ticks or end is None:
+                    continue  # internal, or not fetched yet
+                lag = max(0, end - (committed.get(tp) or 0))
+                metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+        except Exception:
+            log.warning("could not measure consumer lag", exc_info=True)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        if app.in_transaction:
+            # Faust leaves the open transactions open across a rebalance, then
+            # rolls kept partitions' tables back to the committed changelog and
+            # reprocesses into the same transaction: records published twice.
+            # Committing here (as Kafka Streams does) makes state, offsets and
+            # outputs agree before any partition moves.
+            await app.consumer.commit()
         shell.forget_live()
 
     @app.page("/metrics")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -116,6 +117,15 @@ class Worker:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return str(r.read().decode())
+
+    def processed(self) -> int:
+        """Raw records this worker has consumed so far (from its /metrics)."""
+        try:
+            text = self.metrics()
+        except OSError:
+            return 0
+        return int(sum(float(v) for v in re.findall(r"^agui_events_total\{[^}]*\} (\S+)$",
+                                                       text, re.M)))
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no commit, no flush."""
