@@ -14,10 +14,10 @@ table), feeds it the raw bytes, persists what changed, and sends what
 * with `exactly_once` the table changelogs, outputs and input offsets commit
   in one Kafka transaction, so a crash replays onto consistent state.
 
-Runs idle longer than the idle timeout are abandoned by a sweep that the
-leader triggers with one tick record per partition of an internal topic, so
-the sweep runs in the partition's own stream (tables can only be changed
-there) and reaches partitions that receive no traffic.
+Runs idle longer than the idle timeout are abandoned by a sweep that each
+worker triggers with one tick record per partition it owns, on an internal
+topic read by the same agent, so the sweep runs in the partition's own stream
+(tables can only be changed there) and reaches partitions with no traffic.
 """
 
 from __future__ import annotations
@@ -349,11 +349,16 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
             transactional_id=f"{app.conf.id}-{group}-{source.partition}",
         )
 
-    @app.timer(min(30.0, settings.idle_timeout_seconds / 4), on_leader=True)  # type: ignore[untyped-decorator]
-    async def tick_every_partition() -> None:
-        now = str(time.time()).encode()
-        for partition in range(settings.partitions):
-            await ticks_topic.send(value=now, partition=partition)
+    @app.timer(min(30.0, settings.idle_timeout_seconds / 4))  # type: ignore[untyped-decorator]
+    async def tick_own_partitions() -> None:
+        """Wake the idle sweep of every partition this worker owns."""
+        try:
+            now = str(time.time()).encode()
+            for tp in app.consumer.assignment():
+                if tp.topic == ticks:
+                    await ticks_topic.send(value=now, partition=tp.partition)
+        except Exception:  # an exception in a Faust timer would crash the worker
+            log.warning("could not send idle ticks", exc_info=True)
 
     @app.timer(10.0)  # type: ignore[untyped-decorator]
     async def measure_lag() -> None:

@@ -1,0 +1,174 @@
+"""Poison input, tenants and idle runs through a running worker on a real broker."""
+
+from __future__ import annotations
+
+import base64
+import re
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.service_harness import Consumed, Namespace, TopicReader, Worker, produce, wait_for
+
+pytestmark = pytest.mark.kafka
+
+
+def dumps(event: dict[str, Any]) -> bytes:
+    return orjson.dumps(event)
+
+
+def run_events(thread: str, run: str, *middle: dict[str, Any]) -> list[bytes]:
+    return [dumps({"type": "RUN_STARTED", "threadId": thread, "runId": run}),
+            *(dumps(e) for e in middle),
+            dumps({"type": "RUN_FINISHED", "threadId": thread, "runId": run})]
+
+
+def reasoning(message_id: str, *deltas: str) -> list[dict[str, Any]]:
+    return [{"type": "REASONING_MESSAGE_START", "messageId": message_id, "role": "reasoning"},
+            *({"type": "REASONING_MESSAGE_CONTENT", "messageId": message_id, "delta": d}
+              for d in deltas),
+            {"type": "REASONING_MESSAGE_END", "messageId": message_id}]
+
+
+def encrypted(entity: str, value: str) -> dict[str, Any]:
+    return {"type": "REASONING_ENCRYPTED_VALUE", "subtype": "message", "entityId": entity,
+            "encryptedValue": value}
+
+
+def counter_value(metrics: str, name: str, label: str | None = None) -> float:
+    pattern = (rf'^{name}\{{\w+="{re.escape(label)}"\}} (\S+)$' if label
+               else rf"^{name} (\S+)$")
+    match = re.search(pattern, metrics, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def closing(records: list[Consumed]) -> list[dict[str, Any]]:
+    return [r.value for r in records if r.value["kind"] == "run"]
+
+
+def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    secret = "enc-SECRET-" + "Q" * 40
+    big = "x" * 150_000
+    poison: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = [
+        (b"bytes", b"\x00\xff\xfe random \x80 bytes", []),
+        (b"array", b"[1, 2, 3]", []),
+        (b"number", b"42", []),
+        (b"no-type", b'{"messageId": "m"}', []),
+        (b"type-not-string", b'{"type": 7}', []),
+        (b"empty", b"", []),
+        (b"", dumps({"type": "RUN_STARTED", "threadId": "t", "runId": "keyless"}), []),
+        (b"bad-tenant", dumps({"type": "CUSTOM", "name": "x", "value": 1}),
+         [("tenant", b"\xff\xfe")]),
+        *((b"wrong-types", value, []) for value in [
+            dumps({"type": "RUN_STARTED", "threadId": "t", "runId": "wt"}),
+            dumps({**encrypted("rm", secret), "metadata": None}),
+        ]),
+        # A run whose reasoning message is too large for the history sink.
+        *((b"huge", value, []) for value in run_events(
+            "t", "huge", *reasoning("rm-big", big), encrypted("rm-big", secret))),
+    ]
+    valid = [(b"after-the-poison", value, []) for value in run_events(
+        "t-ok", "ok", *reasoning("rm-ok", "fine"), encrypted("rm-ok", "enc-ok"))]
+    produce(kafka_bootstrap, namespace.events, [*poison, *valid])
+
+    worker = Worker(namespace, tmp_path, AGUI_MAX_RECORD_BYTES="100000").start()
+    try:
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: {r["runId"] for r in closing(recs)} >= {"ok", "huge"}, 120,
+            "the valid run and the huge run to conclude", worker.log_tail)
+        dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
+            lambda recs: len(recs) >= 9, 60, "the dead letters", worker.log_tail)
+        metrics = worker.metrics()
+        assert worker.process is not None and worker.process.poll() is None  # still running
+    finally:
+        worker.stop()
+
+    by_key = {r.key: r.value for r in dead if r.value["kind"] == "failure"}
+    for key in (b"bytes", b"array", b"number", b"no-type", b"type-not-string", b"empty"):
+        assert by_key[key]["code"] == "undecodable_record", key
+    assert base64.b64decode(by_key[b"bytes"]["raw"]) == b"\x00\xff\xfe random \x80 bytes"
+    assert by_key[b"array"]["event"] == [1, 2, 3]  # JSON, so it travels as the event
+    assert by_key[b"bad-tenant"]["code"] == "run_not_started"
+    assert by_key[b"bad-tenant"]["tenant"] == "\ufffd\ufffd"
+    assert by_key[b"wrong-types"]["code"] == "malformed_event"
+    # No encrypted value ever reaches the dead-letter topic.
+    assert by_key[b"wrong-types"]["event"]["encryptedValue"] == {
+        "redacted": True, "bytes": len(secret)}
+    for record in dead:
+        assert secret not in orjson.dumps(record.value).decode()
+        assert record.headers["agui.dlq.kind"].decode() == record.value["kind"]
+    not_storable = [r.value for r in dead if r.value["code"] == "not_storable"]
+    assert len(not_storable) == 1 and "event" not in not_storable[0]
+    huge_run = next(r for r in closing(history) if r["runId"] == "huge")
+    assert huge_run["messageCount"] == 0  # the one message could not be carried
+    assert counter_value(metrics, "agui_encrypted_content_lost_total", "not_storable") == 1
+    ok_messages = [r.value["message"] for r in history
+                   if r.value["kind"] == "message" and r.value.get("runId") == "ok"]
+    assert ok_messages == [{"id": "rm-ok", "role": "reasoning", "content": "fine",
+                            "encryptedValue": "enc-ok"}]
+
+
+def test_tenants_with_the_same_run_key_never_see_each_other(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    acme = run_events("thread", "run", *reasoning("rm", "acme thinks"), encrypted("rm", "e-a"))
+    globex = run_events("thread", "run", *reasoning("rm", "globex thinks"))
+    interleaved = []
+    for a, g in zip_longest(acme, globex):
+        interleaved += [(b"same-key", value, [("tenant", tenant)])
+                        for value, tenant in ((a, b"acme"), (g, b"globex")) if value is not None]
+    interleaved += [(b"same-key", e, []) for e in run_events("thread", "run")]  # default tenant
+    produce(kafka_bootstrap, namespace.events, interleaved)
+    worker = Worker(namespace, tmp_path).start()
+    try:
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: len(closing(recs)) >= 3, 120, "three closing records", worker.log_tail)
+    finally:
+        worker.stop()
+    messages = {r.value["tenant"]: r.value["message"] for r in history
+                if r.value["kind"] == "message"}
+    assert messages == {
+        "acme": {"id": "rm", "role": "reasoning", "content": "acme thinks",
+                 "encryptedValue": "e-a"},
+        "globex": {"id": "rm", "role": "reasoning", "content": "globex thinks"},
+    }
+    assert {r.key for r in history} == {b"acme/thread", b"globex/thread", b"default/thread"}
+    assert sorted(r["outcome"] for r in closing(history)) == ["finished"] * 3
+
+
+def test_idle_runs_are_abandoned_and_their_state_freed(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    never_finished = run_events("t", "stuck", *reasoning("rm", "thinking"),
+                                encrypted("rm", "enc-held"))[:-1]
+    produce(kafka_bootstrap, namespace.events, [(b"stuck", e, []) for e in never_finished])
+    worker = Worker(namespace, tmp_path, AGUI_IDLE_TIMEOUT_SECONDS="2").start()
+    try:
+        dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
+            lambda recs: any(r.value["code"] == "run_abandoned" for r in recs), 120,
+            "run_abandoned", worker.log_tail)
+        wait_for(lambda: "agui_open_runs 0.0" in worker.metrics(), 30, "open runs back to 0")
+        metrics = worker.metrics()
+        # The key's state was freed: the same key starts afresh.
+        produce(kafka_bootstrap, namespace.events,
+                [(b"stuck", e, []) for e in run_events("t", "again")])
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: len(closing(recs)) >= 1, 60, "the fresh run", worker.log_tail)
+    finally:
+        worker.stop()
+    abandoned = next(r.value for r in dead if r.value["code"] == "run_abandoned")
+    assert abandoned["kind"] == "failure" and abandoned["runId"] == "stuck"
+    assert counter_value(metrics, "agui_encrypted_content_lost_total", "run_abandoned") == 1
+    assert counter_value(metrics, "agui_run_failures_total", "run_abandoned") == 1
+    assert closing(history)[0]["runId"] == "again"
