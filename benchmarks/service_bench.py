@@ -1,0 +1,668 @@
+"""The service on a real broker: throughput, changelog bytes, memory per open run.
+
+    .venv/bin/python benchmarks/service_bench.py [--events N] [--open-runs K]
+                                                 [--deltas D] [--seed S] [--no-rocksdb]
+                                                 [--no-at-least-once] [--only PART]
+
+Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` if set, else starts the local
+KRaft broker of ``deploy/kafka_local.py`` for the duration of the run. Every
+part uses its own topics and consumer groups (``tests/service_harness.py``),
+and every worker it starts is stopped before it exits.
+
+1. **Throughput.** N events of realistic valid runs (``tests/run_generator.py``
+   ``interleaved_runs``: ~20 events per run, keys interleaved) are produced to
+   the input topic first. Then, on those same records:
+
+   * baselines: a bare aiokafka consume-and-produce passthrough (consumer
+     group from the beginning, each value produced unchanged to another topic,
+     offsets committed after each fetched batch), and a transactional one
+     (transactional producer, ``send_offsets_to_transaction`` + commit every
+     100 ms, and again at Faust's own cadence: every 10,000 records or 2.8 s);
+   * one ``agui-stream worker`` (exactly_once, memory:// and rocksdb://; and,
+     for comparison only, at_least_once), each with its own consumer group,
+     timed from the first processed record (after /healthz answers) until its
+     ``agui_events_total`` (scraped from /metrics every 0.1 s) reaches N, and
+     until every run's closing history record is visible to a
+     ``read_committed`` consumer. Its CPU use over that window is printed too.
+
+   Rates count only the records processed after the clock started (the first
+   batch seen is excluded), for the baselines and the worker alike.
+2. **Changelog bytes per input byte.** One run, one key: RUN_STARTED,
+   REASONING_MESSAGE_START, D (10,000) REASONING_MESSAGE_CONTENT deltas of
+   20-200 bytes, REASONING_MESSAGE_END, RUN_FINISHED; after its closing record
+   is committed, the key+value bytes of every record of the worker's
+   ``run-state`` and ``run-text`` changelogs for that key are summed and divided
+   by the key+value bytes of the input records. Again with 5-byte deltas (the
+   worst case: fixed per-delta overhead over a tiny payload).
+3. **Memory per open run.** One worker (memory://): its RSS (VmRSS) once idle
+   and having processed nothing, then after K runs that each start and stream a
+   short reasoning message but never finish (each under its own key); the
+   difference divided by K. The serialized size per open run (its run-state
+   value and run-text entries, from the changelogs) is printed as a lower bound.
+
+Target (issue 3): worker >= 0.5 of the passthrough rate; changelog < 2 bytes
+per input byte for the 10,000-delta message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tests.run_generator import interleaved_runs  # noqa: E402
+from tests.service_harness import (  # noqa: E402
+    Namespace,
+    Worker,
+    create_topic,
+    produce,
+    wait_for,
+)
+
+WORDS = ("the", "user", "asks", "about", "weather", "so", "I", "should", "call", "tool",
+         "first", "then", "summarise", "answer", "carefully", "considering", "units",
+         "locale", "caveats", "평가", "考える", "ünïcödé", "step")
+
+
+def load_kafka_local() -> ModuleType:
+    """Import deploy/kafka_local.py by file path (deploy/ is not a package)."""
+    path = REPO_ROOT / "deploy" / "kafka_local.py"
+    spec = importlib.util.spec_from_file_location("agui_kafka_local", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def broker() -> Iterator[str]:
+    external = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if external:
+        print(f"broker: {external} (KAFKA_BOOTSTRAP_SERVERS)")
+        yield external
+        return
+    print("broker: starting the local KRaft broker (deploy/kafka_local.py) ...")
+    with load_kafka_local().local_broker() as bootstrap:
+        print(f"broker: {bootstrap} (local, stopped at exit)")
+        yield bootstrap
+
+
+def text(rng: random.Random, low: int, high: int) -> str:
+    target = rng.randint(low, high)
+    parts: list[str] = []
+    size = 0
+    while size < target:
+        word = rng.choice(WORDS)
+        parts.append(word)
+        size += len(word.encode()) + 1
+    out = " ".join(parts).encode()[:target].decode("utf-8", "ignore")
+    return out.ljust(low, ".")
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metric_value(text: str, name: str) -> float:
+    return sum(float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
+
+
+def latency_p99(text: str) -> str:
+    """p99 of agui_processing_latency_seconds, as the bucket bound it falls under."""
+    buckets = [(float(le), float(v)) for le, v in re.findall(
+        r'^agui_processing_latency_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)]
+    if not buckets or buckets[-1][1] == 0:
+        return "n/a"
+    total = buckets[-1][1]
+    for bound, count in sorted(buckets):
+        if count >= 0.99 * total:
+            return "> 2.5 s" if math.isinf(bound) else f"<= {bound * 1000:g} ms"
+    return "n/a"
+
+
+def log_problems(log_dir: Path) -> list[str]:
+    found = []
+    for path in sorted(log_dir.glob("*.log")):
+        lines = path.read_bytes().decode("utf-8", "replace").splitlines()
+        bad = [line for line in lines
+               if re.search(r"\b(ERROR|CRITICAL|Traceback|Exception)\b|\[E\]|\[C\]", line)]
+        if bad:
+            found.append(f"{path.name}: {len(bad)} error line(s), first: {bad[0].strip()[:300]}")
+    return found
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    deadline = time.monotonic() + 30
+    while True:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return [TopicPartition(topic, p) for p in sorted(parts)]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic} has no partitions")
+        await consumer._client.force_metadata_update()
+        await asyncio.sleep(0.2)
+
+
+def read_topic(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None]]:
+    """Every committed record of `topic` up to its last stable offset: (key, value)."""
+    async def run() -> list[tuple[bytes, bytes | None]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                    isolation_level="read_committed",
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.subscribe([topic])  # for metadata only
+            tps = await _partitions(consumer, topic)
+            consumer.unsubscribe()
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            out: list[tuple[bytes, bytes | None]] = []
+            deadline = time.monotonic() + 120
+            while any([await consumer.position(tp) < ends[tp] for tp in tps]):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not read {topic} to its end")
+                for messages in (await consumer.getmany(timeout_ms=500,
+                                                        max_records=50_000)).values():
+                    out.extend((m.key or b"", m.value) for m in messages)
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------------------
+# 1. throughput
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Rate:
+    name: str
+    records: int  # records timed (after the first batch)
+    seconds: float
+    total_seconds: float  # from start (group join included) to done
+
+    @property
+    def per_second(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else float("nan")
+
+
+async def _passthrough(bootstrap: str, src: str, dst: str, total: int, name: str,
+                       group: str, transactional: bool, commit_seconds: float,
+                       commit_records: int) -> Rate:
+    started = time.perf_counter()
+    consumer = AIOKafkaConsumer(src, bootstrap_servers=bootstrap, group_id=group,
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                isolation_level="read_committed", max_poll_records=1000)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                enable_idempotence=True,
+                                transactional_id=f"{group}-tx" if transactional else None)
+    await consumer.start()
+    await producer.start()
+    try:
+        done = 0
+        first = 0
+        clock: float | None = None
+        deadline = time.monotonic() + 600
+        while done < total:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: only {done} of {total} records after 600 s")
+            if transactional:
+                await producer.begin_transaction()
+                window_end = time.perf_counter() + commit_seconds
+                offsets: dict[TopicPartition, int] = {}
+                in_txn = 0
+                while (done < total and in_txn < commit_records
+                       and time.perf_counter() < window_end):
+                    wait_ms = max(1, int((window_end - time.perf_counter()) * 1000))
+                    batch = await consumer.getmany(timeout_ms=wait_ms)
+                    for tp, messages in batch.items():
+                        for m in messages:
+                            await producer.send(dst, m.value, key=m.key)
+                        offsets[tp] = messages[-1].offset + 1
+                        done += len(messages)
+                        in_txn += len(messages)
+                    if clock is None and done:
+                        clock, first = time.perf_counter(), done
+                if offsets:
+                    await producer.send_offsets_to_transaction(offsets, group)
+                await producer.commit_transaction()
+            else:
+                batch = await consumer.getmany(timeout_ms=1000)
+                if not batch:
+                    continue
+                futures = []
+                commit: dict[TopicPartition, int] = {}
+                for tp, messages in batch.items():
+                    for m in messages:
+                        futures.append(await producer.send(dst, m.value, key=m.key))
+                    commit[tp] = messages[-1].offset + 1
+                    done += len(messages)
+                await asyncio.gather(*futures)
+                await consumer.commit(commit)
+                if clock is None:
+                    clock, first = time.perf_counter(), done
+        end = time.perf_counter()
+        assert clock is not None
+        return Rate(name, total - first, end - clock, end - started)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+def passthrough(bootstrap: str, ns: Namespace, total: int, name: str, tag: str,
+                transactional: bool = False, commit_seconds: float = 0.0,
+                commit_records: int = 0) -> Rate:
+    dst = f"{ns.prefix}.passthrough-{tag}"
+    create_topic(bootstrap, dst, ns.partitions)
+    return asyncio.run(_passthrough(bootstrap, ns.events, dst, total, name,
+                                    f"{ns.prefix}-pt-{tag}", transactional, commit_seconds,
+                                    commit_records))
+
+
+@dataclass
+class WorkerRun:
+    name: str
+    events: Rate  # until agui_events_total reaches N
+    committed: Rate  # until every closing record is visible to read_committed
+    p99: str
+    finished: int
+    deadletters: float
+    cpu: float  # worker CPU seconds per wall second while timed (until agui_events_total = N)
+
+
+async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
+                       runs: int, name: str, started: float) -> WorkerRun:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed",
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        consumer.subscribe([history])
+        tps = await _partitions(consumer, history)
+        consumer.unsubscribe()
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        clock: float | None = None
+        first = 0
+        events_done: float | None = None
+        closing = finished = 0
+        deadline = time.monotonic() + 600
+
+        async def scrape() -> int:
+            return await asyncio.to_thread(worker.processed)
+
+        assert worker.process is not None
+        pid = worker.process.pid
+        cpu_start = cpu_end = 0.0
+        next_scrape = 0.0
+
+        while closing < runs or events_done is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name}: {closing}/{runs} closing records after 600 s\n"
+                                   + worker.log_tail())
+            if worker.process is not None and worker.process.poll() is not None:
+                raise RuntimeError(f"{name}: worker exited\n" + worker.log_tail())
+            if events_done is None and time.perf_counter() >= next_scrape:
+                next_scrape = time.perf_counter() + 0.1  # the scrape runs on the worker's loop
+                processed = await scrape()
+                now = time.perf_counter()
+                if clock is None and processed > 0:
+                    clock, first = now, processed
+                    cpu_start = cpu_seconds(pid)
+                if processed >= total:
+                    events_done = now
+                    cpu_end = cpu_seconds(pid)
+            batch = await consumer.getmany(timeout_ms=50, max_records=50_000)
+            for messages in batch.values():
+                for m in messages:
+                    record = orjson.loads(m.value)
+                    if record.get("kind") == "run":
+                        closing += 1
+                        finished += record.get("outcome") == "finished"
+        committed_done = time.perf_counter()
+        assert clock is not None and events_done is not None
+        scraped = await asyncio.to_thread(worker.metrics)
+        return WorkerRun(
+            name,
+            Rate(name, total - first, events_done - clock, events_done - started),
+            Rate(name, total - first, committed_done - clock, committed_done - started),
+            latency_p99(scraped), finished,
+            metric_value(scraped, "agui_deadletter_records_total"),
+            (cpu_end - cpu_start) / max(1e-9, events_done - clock),
+        )
+    finally:
+        await consumer.stop()
+
+
+def worker_throughput(ns: Namespace, log_dir: Path, workers: list[Worker], total: int,
+                      runs: int, store: str, tag: str,
+                      guarantee: str = "exactly_once") -> WorkerRun:
+    # A fresh consumer group and outputs per worker, on the same input topic.
+    app_id = f"{ns.prefix}-{tag}"
+    history = f"{ns.prefix}.{tag}.history"
+    worker = Worker(ns, log_dir, name=tag, AGUI_STORE=store,
+                    AGUI_PROCESSING_GUARANTEE=guarantee, AGUI_APP_ID=app_id,
+                    AGUI_HISTORY_TOPIC=history,
+                    AGUI_DEADLETTER_TOPIC=f"{ns.prefix}.{tag}.deadletter")
+    workers.append(worker)
+    started = time.perf_counter()
+    worker.start()
+    try:
+        return asyncio.run(_time_worker(worker, ns.bootstrap, history, total, runs,
+                                        f"worker {store}" + (
+                                            "" if guarantee == "exactly_once"
+                                            else f" {guarantee}"), started))
+    finally:
+        worker.stop()
+
+
+def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
+                    events: int, seed: int, rocksdb: bool,
+                    at_least_once: bool) -> dict[str, Any]:
+    print("\n== 1. end-to-end throughput, one worker vs a bare aiokafka passthrough ==")
+    runs_per_key = 6
+    keys = max(1, round(events / (19.5 * runs_per_key)))
+    runs, records = interleaved_runs(seed, keys, runs_per_key)
+    total = len(records)
+    input_bytes = sum(len(k) + len(v) for k, v in records)
+    ns = Namespace(bootstrap)
+    prefixes.append(ns.prefix)
+    ns.create_topics()
+    clock = time.perf_counter()
+    produce(bootstrap, ns.events, ((k, v, []) for k, v in records))
+    print(f"input: {total:,} events, {len(runs):,} runs over {keys} keys, "
+          f"{input_bytes / total:.0f} B/event, {ns.partitions} partitions "
+          f"(produced in {time.perf_counter() - clock:.1f} s)")
+
+    baselines = [
+        passthrough(bootstrap, ns, total, "passthrough, plain (commit per fetch)", "plain"),
+        passthrough(bootstrap, ns, total, "passthrough, transactional (100 ms)", "tx100",
+                    transactional=True, commit_seconds=0.1, commit_records=10**9),
+        passthrough(bootstrap, ns, total, "passthrough, transactional (10k rec / 2.8 s)",
+                    "txfaust", transactional=True, commit_seconds=2.8,
+                    commit_records=10_000),
+    ]
+    for rate in baselines:
+        print(f"  {rate.name:48} {rate.per_second:>9,.0f} events/s "
+              f"({rate.records:,} in {rate.seconds:.2f} s; {rate.total_seconds:.1f} s with "
+              "group join)")
+
+    stores = [("memory://", "exactly_once")] + (
+        [("rocksdb://", "exactly_once")] if rocksdb else []) + (
+        [("memory://", "at_least_once")] if at_least_once else [])
+    results = []
+    for store, guarantee in stores:
+        tag = "w" + store.split(":")[0] + ("" if guarantee == "exactly_once" else "-alo")
+        result = worker_throughput(ns, log_dir, workers, total, len(runs), store, tag,
+                                   guarantee)
+        results.append(result)
+        print(f"  worker {guarantee:13} {store:12}              "
+              f"{result.events.per_second:>9,.0f} events/s until agui_events_total = N "
+              f"({result.events.seconds:.2f} s)")
+        print(f"  {'':48} {result.committed.per_second:>9,.0f} events/s until all "
+              f"{len(runs):,} closing records read_committed ({result.committed.seconds:.2f} s)")
+        print(f"  {'':48} runs finished {result.finished:,}/{len(runs):,}, dead letters "
+              f"{result.deadletters:g}, processing latency p99 {result.p99}, worker CPU "
+              f"{result.cpu:.0%} of a core (start to done incl. recovery "
+              f"{result.committed.total_seconds:.1f} s)")
+    print("ratios (worker rate until agui_events_total = N / baseline; "
+          "in brackets until read_committed):")
+    for result in results:
+        for base in baselines:
+            print(f"  {result.name:34} / {base.name:44} "
+                  f"{result.events.per_second / base.per_second:5.2f} "
+                  f"[{result.committed.per_second / base.per_second:.2f}]")
+    print("target >= 0.5, judged against the plain passthrough: it is the issue's 'bare'"
+          " baseline and the stricter (faster) one; the transactional ones show what"
+          " exactly-once itself costs.")
+    return {"total": total, "baselines": baselines, "workers": results}
+
+
+# ---------------------------------------------------------------------------------------
+# 2. changelog bytes per input byte
+# ---------------------------------------------------------------------------------------
+
+
+def one_message_run(key: str, deltas: int, delta: Callable[[int], str]) -> list[bytes]:
+    run_id, message_id = f"{key}-run", f"{key}-m"
+    events: list[dict[str, Any]] = [
+        {"type": "RUN_STARTED", "threadId": key, "runId": run_id},
+        {"type": "REASONING_MESSAGE_START", "messageId": message_id, "role": "reasoning"},
+        *({"type": "REASONING_MESSAGE_CONTENT", "messageId": message_id, "delta": delta(i)}
+          for i in range(deltas)),
+        {"type": "REASONING_MESSAGE_END", "messageId": message_id},
+        {"type": "RUN_FINISHED", "threadId": key, "runId": run_id},
+    ]
+    return [orjson.dumps(e) for e in events]
+
+
+def part_changelog(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
+                   deltas: int, seed: int) -> list[dict[str, Any]]:
+    print(f"\n== 2. changelog bytes per input byte, one message of {deltas:,} deltas ==")
+    rng = random.Random(seed)
+    ns = Namespace(bootstrap)
+    prefixes.append(ns.prefix)
+    ns.create_topics()
+    worker = Worker(ns, log_dir, name="changelog", AGUI_PROCESSING_GUARANTEE="exactly_once")
+    workers.append(worker)
+    worker.start()
+    out = []
+    try:
+        cases = [("normal", "20-200 B deltas", lambda i: text(rng, 20, 200)),
+                 ("tiny", "5 B deltas", lambda i: f"{i % 100000:05d}")]
+        processed = 0
+        for name, label, delta in cases:
+            key = f"bench-{name}".encode()
+            values = one_message_run(key.decode(), deltas, delta)
+            input_bytes = sum(len(key) + len(v) for v in values)
+            delta_bytes = input_bytes - sum(len(key) + len(v) for v in values[:2] + values[-2:])
+            produce(bootstrap, ns.events, ((key, v, []) for v in values))
+            processed += len(values)
+            wait_for(lambda target=processed: worker.processed() >= target, 300,  # type: ignore[misc]
+                     f"worker to process {processed} records", worker.log_tail)
+            # The closing record commits in the transaction of the last record's changelog
+            # writes: once it is readable, so is all of this run's changelog.
+            wait_for(lambda k=key: any(k in hk and b'"kind":"run"' in (hv or b"")
+                                       for hk, hv in read_topic(bootstrap, ns.history)),
+                     60, "the closing record", worker.log_tail)
+            closing = [orjson.loads(v or b"{}") for k, v in read_topic(bootstrap, ns.history)
+                       if b'"kind":"run"' in (v or b"")
+                       and orjson.loads(v or b"{}").get("threadId") == key.decode()]
+            tables = {}
+            for table in ("run-state", "run-text"):
+                records = [(k, v) for k, v in read_topic(bootstrap,
+                                                         f"{ns.app_id}-{table}-changelog")
+                           if key in k]
+                tables[table] = (len(records),
+                                 sum(len(k) + len(v or b"") for k, v in records),
+                                 sum(1 for _, v in records if v is None))
+            changelog = sum(b for _, b, _ in tables.values())
+            ratio = changelog / input_bytes
+            outcome = closing[0].get("outcome") if closing else "missing"
+            print(f"  {label:16} input {len(values):,} records {input_bytes:,} B "
+                  f"(deltas {delta_bytes:,} B) -> changelog {changelog:,} B: "
+                  f"{ratio:.3f} B per input byte  [run {outcome}]")
+            for table, (count, size, tombstones) in tables.items():
+                print(f"  {'':16}   {table:9} {count:,} records ({tombstones:,} tombstones), "
+                      f"{size:,} B, {size / deltas:.1f} B per delta")
+            out.append({"name": name, "ratio": ratio, "input": input_bytes,
+                        "changelog": changelog, "outcome": outcome})
+    finally:
+        worker.stop()
+    print("  (key+value bytes, headers not counted; a failed run would show here as not"
+          " 'finished')")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 3. memory per open run
+# ---------------------------------------------------------------------------------------
+
+
+def settle_rss(pid: int, seconds: float = 6.0) -> int:
+    """RSS after it stopped moving much: the last of samples over `seconds`."""
+    samples = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        samples.append(rss_bytes(pid))
+        time.sleep(0.5)
+    return samples[-1]
+
+
+def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
+                open_runs: int, seed: int) -> dict[str, Any]:
+    print(f"\n== 3. memory per open run, idle ({open_runs:,} runs that never finish) ==")
+    rng = random.Random(seed)
+    ns = Namespace(bootstrap)
+    prefixes.append(ns.prefix)
+    ns.create_topics()
+    worker = Worker(ns, log_dir, name="memory", AGUI_STORE="memory://",
+                    AGUI_PROCESSING_GUARANTEE="exactly_once")
+    workers.append(worker)
+    worker.start()
+    try:
+        assert worker.process is not None
+        pid = worker.process.pid
+        idle = settle_rss(pid, 8.0)
+        assert worker.processed() == 0
+        records = []
+        for n in range(open_runs):
+            key = f"open{n:06d}"
+            run_id, message_id = f"{key}-run", f"{key}-m"
+            events: list[dict[str, Any]] = [
+                {"type": "RUN_STARTED", "threadId": key, "runId": run_id},
+                {"type": "REASONING_MESSAGE_START", "messageId": message_id,
+                 "role": "reasoning"},
+                *({"type": "REASONING_MESSAGE_CONTENT", "messageId": message_id,
+                   "delta": text(rng, 20, 60)} for _ in range(3)),
+            ]
+            records.extend((key.encode(), orjson.dumps(e), []) for e in events)
+        produce(bootstrap, ns.events, records)
+        wait_for(lambda: worker.processed() >= len(records), 300,
+                 f"worker to process {len(records)} records", worker.log_tail)
+        text_metrics = worker.metrics()
+        gauge = metric_value(text_metrics, "agui_open_runs")
+        time.sleep(3.5)  # one commit interval (2.8 s): the changelogs are committed
+        loaded = settle_rss(pid, 6.0)
+        per_run = (loaded - idle) / open_runs
+        states = {k: v for k, v in read_topic(bootstrap, f"{ns.app_id}-run-state-changelog")}
+        texts = {k: v for k, v in read_topic(bootstrap, f"{ns.app_id}-run-text-changelog")}
+        states = {k: v for k, v in states.items() if v is not None}
+        texts = {k: v for k, v in texts.items() if v is not None}
+        state_bytes = sum(len(k) + len(v or b"") for k, v in states.items())
+        text_bytes = sum(len(k) + len(v or b"") for k, v in texts.items())
+        print(f"  idle worker RSS (processed nothing)     {idle / 2**20:8.1f} MiB")
+        print(f"  after {open_runs:,} open runs ({len(records):,} events; "
+              f"agui_open_runs {gauge:g})  {loaded / 2**20:8.1f} MiB")
+        print(f"  memory per open run                     {per_run:8,.0f} B  "
+              "(RSS difference / open runs, memory:// store)")
+        print(f"  serialized per open run (lower bound)   "
+              f"{(state_bytes + text_bytes) / open_runs:8,.0f} B  = run-state "
+              f"{state_bytes / max(1, len(states)):,.0f} B ({len(states):,} keys) + run-text "
+              f"{text_bytes / open_runs:,.0f} B ({len(texts) / open_runs:.1f} entries per run;"
+              " key+value, latest per key)")
+        return {"idle": idle, "loaded": loaded, "per_run": per_run,
+                "serialized": (state_bytes + text_bytes) / open_runs,
+                "state": state_bytes / max(1, len(states))}
+    finally:
+        worker.stop()
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def delete_topics(bootstrap: str, prefixes: list[str]) -> None:
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            names = [t for t in await admin.list_topics()
+                     if any(t.startswith(p + ".") or t.startswith(p + "-") for p in prefixes)]
+            if names:
+                await admin.delete_topics(names)
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(run())
+    except Exception as error:  # best effort: a shared broker keeps them otherwise
+        print(f"(could not delete the benchmark's topics: {type(error).__name__})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--open-runs", type=int, default=20_000)
+    parser.add_argument("--deltas", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-rocksdb", action="store_true",
+                        help="skip the rocksdb:// worker")
+    parser.add_argument("--no-at-least-once", action="store_true",
+                        help="skip the at_least_once worker (shown for comparison only)")
+    parser.add_argument("--keep-topics", action="store_true")
+    parser.add_argument("--only", choices=["throughput", "changelog", "memory"])
+    args = parser.parse_args()
+
+    log_dir = Path(tempfile.mkdtemp(prefix="agui-service-bench-"))
+    workers: list[Worker] = []
+    prefixes: list[str] = []
+    started = time.perf_counter()
+    print(f"worker logs: {log_dir}")
+    with broker() as bootstrap:
+        try:
+            if args.only in (None, "throughput"):
+                part_throughput(bootstrap, log_dir, workers, prefixes, args.events, args.seed,
+                                not args.no_rocksdb, not args.no_at_least_once)
+            if args.only in (None, "changelog"):
+                part_changelog(bootstrap, log_dir, workers, prefixes, args.deltas, args.seed)
+            if args.only in (None, "memory"):
+                part_memory(bootstrap, log_dir, workers, prefixes, args.open_runs, args.seed)
+        finally:
+            for worker in workers:
+                worker.stop()
+            if not args.keep_topics:
+                delete_topics(bootstrap, prefixes)
+            for data in log_dir.glob("*-data"):
+                shutil.rmtree(data, ignore_errors=True)
+    problems = log_problems(log_dir)
+    print("\nworker logs: " + ("no error lines" if not problems else "\n  " + "\n  ".join(
+        problems)))
+    print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
