@@ -258,6 +258,9 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         topic_replication_factor=settings.replication_factor,
         topic_disable_leader=True,
         producer_max_request_size=settings.max_record_bytes + 65_536,
+        # Batch what one record produces (outputs, changelog entries) instead of
+        # one request per record; a commit flushes the batches anyway.
+        producer_linger=0.005,
         consumer_auto_offset_reset="earliest",
         consumer_group_instance_id=settings.group_instance_id,
         broker_session_timeout=settings.session_timeout_seconds,

@@ -67,6 +67,10 @@ def run_worker() -> int:
 
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Client libraries at the worker's level, never below INFO: their debug
+    # records cost several log records per event.
+    for noisy in ("aiokafka", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
     asyncio.run(create_topics(settings, include_inputs=False))
     app = create_app(settings, Metrics())
     running = Path(settings.data_dir) / f".{settings.app_id}-running"
