@@ -132,3 +132,27 @@ def test_conformance_corpus_through_the_service(kafka_bootstrap: str, tmp_path: 
         r["failure"]["code"] for _, runs in cases.values() for r in runs if r["failure"])
     assert f"agui_history_records_total {float(len(history))}" in metrics
     assert sum(scraped_counter(metrics, "agui_events").values()) == len(produced)
+    assert_dashboard_and_alerts_match(metrics)
+
+
+def assert_dashboard_and_alerts_match(scrape: str) -> None:
+    """Every metric the Grafana dashboard and the alert rules query is on a live /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.deploy.metric_names import (
+        PROMETHEUS_SYNTHETIC,
+        _sample_names,
+        expand_grafana_variables,
+        promql_metric_names,
+    )
+    from tests.deploy.test_grafana import dashboard, queries
+    from tests.deploy.test_prometheus import alert_rules
+
+    live = _sample_names(text_string_to_metric_families(scrape))
+    used: set[str] = set()
+    for _, expr in queries(dashboard()):
+        used |= promql_metric_names(expand_grafana_variables(expr))
+    for rule in alert_rules():
+        used |= promql_metric_names(rule["expr"])
+    assert used, "no query found"
+    assert used - PROMETHEUS_SYNTHETIC - live == set()
