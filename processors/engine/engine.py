@@ -103,6 +103,7 @@ _FAST_CHUNKS: Final = {
     "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
     "TOOL_CALL_CHUNK": ChunkKind.TOOL,
 }
+_FAST_TYPES: Final = frozenset((*_FAST_CONTINUATIONS, *_FAST_CHUNKS))
 # A record that decided nothing gets a shared, immutable Step.
 _QUIET_STEPS: Final = {
     event_type: Step(event_type, ())
@@ -130,6 +131,7 @@ class KeyEngine:
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
+        self._append_content = self.content.append  # bound once: the hot path calls it
         self._out: list[Decision] = []
         self._findings = Findings()
         self._handlers: dict[str, Callable[[RunState, dict[str, Any]], None]] = {
@@ -174,7 +176,8 @@ class KeyEngine:
             return _step("undecodable", self._out)
         event_type: str = event["type"]
         run = self.state.run
-        if run is not None and self._took_bare_delta(run, event_type, event):
+        if (run is not None and event_type in _FAST_TYPES
+                and self._took_bare_delta(run, event_type, event)):
             return _QUIET_STEPS[event_type]
         out: list[Decision] = []
         self._out = out
@@ -253,7 +256,11 @@ class KeyEngine:
             if kind is ChunkKind.TOOL:
                 self._append_args(run, item_id, delta, None)
             else:
-                self._append_text(run, run.messages[item_id], delta)
+                record = run.messages[item_id]
+                if record.content_slot is None:
+                    self._append_text(run, record, delta)  # the first delta takes a slot
+                else:
+                    self._append_content(record.content_slot, delta)
         return True
 
     def _append_text(self, run: RunState, record: MessageRecord, delta: str) -> None:
