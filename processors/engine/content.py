@@ -9,6 +9,7 @@ entry per delta, not the whole growing message.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Protocol
 
 
@@ -31,14 +32,10 @@ class InMemoryContentStore:
     __slots__ = ("_parts",)
 
     def __init__(self) -> None:
-        self._parts: dict[int, list[str]] = {}
+        self._parts: defaultdict[int, list[str]] = defaultdict(list)
 
     def append(self, slot: int, text: str) -> None:
-        parts = self._parts.get(slot)
-        if parts is None:
-            self._parts[slot] = [text]
-        else:
-            parts.append(text)
+        self._parts[slot].append(text)
 
     def texts(self) -> dict[int, str]:
         return {slot: "".join(parts) for slot, parts in self._parts.items()}

@@ -104,6 +104,7 @@ _FAST_CHUNKS: Final = {
     "TOOL_CALL_CHUNK": ChunkKind.TOOL,
 }
 _FAST_TYPES: Final = frozenset((*_FAST_CONTINUATIONS, *_FAST_CHUNKS))
+_TOOL: Final = ChunkKind.TOOL  # a module constant: enum attribute lookups are slow
 # A record that decided nothing gets a shared, immutable Step.
 _QUIET_STEPS: Final = {
     event_type: Step(event_type, ())
@@ -170,11 +171,11 @@ class KeyEngine:
             event = orjson.loads(raw)
         except orjson.JSONDecodeError:
             event = None
-        if type(event) is not dict or type(event.get("type")) is not str:
+        event_type = event.get("type") if type(event) is dict else None
+        if type(event_type) is not str:
             self._out = []
             self._undecodable()
             return _step("undecodable", self._out)
-        event_type: str = event["type"]
         run = self.state.run
         if (run is not None and event_type in _FAST_TYPES
                 and self._took_bare_delta(run, event_type, event)):
@@ -233,7 +234,7 @@ class KeyEngine:
             if (type(delta) is not str or type(item_id) is not str
                     or item_id not in run.open[namespace] or None in run.lanes):
                 return False
-            kind = ChunkKind.TOOL if namespace == "tool" else None
+            kind = _TOOL if namespace == "tool" else None
         else:
             kind = _FAST_CHUNKS.get(event_type)
             if kind is None:
@@ -253,7 +254,7 @@ class KeyEngine:
                 return False
             item_id = pending[1]
         if delta:
-            if kind is ChunkKind.TOOL:
+            if kind is _TOOL:
                 self._append_args(run, item_id, delta, None)
             else:
                 record = run.messages[item_id]
