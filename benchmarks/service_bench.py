@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import math
 import os
 import random
@@ -61,7 +60,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import orjson
@@ -71,6 +69,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from tests.conftest import load_kafka_local  # noqa: E402
 from tests.run_generator import interleaved_runs  # noqa: E402
 from tests.service_harness import (  # noqa: E402
     Namespace,
@@ -83,16 +82,6 @@ from tests.service_harness import (  # noqa: E402
 WORDS = ("the", "user", "asks", "about", "weather", "so", "I", "should", "call", "tool",
          "first", "then", "summarise", "answer", "carefully", "considering", "units",
          "locale", "caveats", "평가", "考える", "ünïcödé", "step")
-
-
-def load_kafka_local() -> ModuleType:
-    """Import deploy/kafka_local.py by file path (deploy/ is not a package)."""
-    path = REPO_ROOT / "deploy" / "kafka_local.py"
-    spec = importlib.util.spec_from_file_location("agui_kafka_local", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @contextlib.contextmanager
