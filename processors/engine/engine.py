@@ -132,7 +132,6 @@ class KeyEngine:
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
-        self._append_content = self.content.append  # bound once: the hot path calls it
         self._out: list[Decision] = []
         self._findings = Findings()
         self._handlers: dict[str, Callable[[RunState, dict[str, Any]], None]] = {
@@ -257,11 +256,7 @@ class KeyEngine:
             if kind is _TOOL:
                 self._append_args(run, item_id, delta, None)
             else:
-                record = run.messages[item_id]
-                if record.content_slot is None:
-                    self._append_text(run, record, delta)  # the first delta takes a slot
-                else:
-                    self._append_content(record.content_slot, delta)
+                self._append_text(run, run.messages[item_id], delta)
         return True
 
     def _append_text(self, run: RunState, record: MessageRecord, delta: str) -> None:
@@ -506,7 +501,7 @@ class KeyEngine:
             start["messageId"] = item_id
             self._reasoning_start(run, start)
             if delta is not None:
-                self._append_message(run, "reasoning", item_id, delta, None)
+                self._append_message(run, item_id, delta, None)
         elif kind is ChunkKind.TEXT:
             start["messageId"] = item_id
             for key in ("role", "name"):
@@ -514,7 +509,7 @@ class KeyEngine:
                     start[key] = event[key]
             self._text_start(run, start)
             if delta is not None:
-                self._append_message(run, "text", item_id, delta, None)
+                self._append_message(run, item_id, delta, None)
         else:
             if "toolCallName" not in event:
                 raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
@@ -541,7 +536,6 @@ class KeyEngine:
             if delta is not None or metadata is not None:
                 self._append_args(run, item_id, delta or "", metadata)
             return
-        namespace = kind.value
         if kind is ChunkKind.TEXT:
             record = run.messages.get(item_id)
             if record is not None:
@@ -551,7 +545,7 @@ class KeyEngine:
                                          f"text chunk for {item_id!r} repeats {key} with"
                                          " another value")
         if delta is not None or metadata is not None:
-            self._append_message(run, namespace, item_id, delta or "", metadata)
+            self._append_message(run, item_id, delta or "", metadata)
 
     def _close_lane(self, run: RunState, lane: str | None) -> None:
         """Synthesize the END of the lane's pending chunk item."""
@@ -625,16 +619,10 @@ class KeyEngine:
         self._content(run, "reasoning", event)
 
     def _content(self, run: RunState, namespace: str, event: dict[str, Any]) -> None:
-        """REASONING_MESSAGE_CONTENT / TEXT_MESSAGE_CONTENT: the hottest path."""
+        """REASONING_MESSAGE_CONTENT / TEXT_MESSAGE_CONTENT (bare ones take the fast path)."""
         message_id = event["messageId"]
-        if message_id not in run.open[namespace] or "subagentRunId" in event:
-            self._require_open(run, namespace, message_id, event.get("subagentRunId"))
-        if "metadata" in event:
-            self._append_message(run, namespace, message_id, event["delta"], event["metadata"])
-            return
-        delta = event["delta"]
-        if delta:
-            self._append_text(run, run.messages[message_id], delta)
+        self._require_open(run, namespace, message_id, event.get("subagentRunId"))
+        self._append_message(run, message_id, event["delta"], event.get("metadata"))
 
     def _reasoning_end(self, run: RunState, event: dict[str, Any]) -> None:
         self._close(run, "reasoning", event["messageId"], event)
@@ -670,8 +658,7 @@ class KeyEngine:
             record.metadata = _merged(record.metadata, event["metadata"])
 
     def _append_message(
-        self, run: RunState, namespace: str, message_id: str, delta: str,
-        metadata: dict[str, Any] | None,
+        self, run: RunState, message_id: str, delta: str, metadata: dict[str, Any] | None,
     ) -> None:
         record = run.messages[message_id]
         if delta:
