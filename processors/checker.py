@@ -76,8 +76,6 @@ def check_records(
     next_progress = started + 2.0
     line = 0
     for line, raw in enumerate(records, start=1):
-        if pending.run is None and engine.state.run is None:
-            pending.first_line = line
         step = engine.feed(raw)
         for decision in step.decisions:
             if isinstance(decision, Warned):
@@ -103,9 +101,6 @@ def check_records(
                 totals.runs += 1
                 yield pending
                 pending = RunReport("open", line + 1, line)
-        if engine.state.run is not None and pending.run is None:
-            run = engine.state.run
-            pending.run = RunIdentity(run.thread_id, run.run_id)
         if progress is not None and line % 4096 == 0 and time.monotonic() >= next_progress:
             elapsed = time.monotonic() - started
             progress.write(f"\rchecked {line:,} records ({line / elapsed:,.0f}/s)")
@@ -114,9 +109,11 @@ def check_records(
     totals.lines = line
     if progress is not None and line >= 4096:
         progress.write("\n")
-    if engine.state.run is not None or pending.warnings or pending.lost:
+    run = engine.state.run
+    if run is not None or pending.warnings or pending.lost:
         pending.last_line = line
-        if engine.state.run is not None:
+        if run is not None:
+            pending.run = RunIdentity(run.thread_id, run.run_id)
             totals.runs += 1
         yield pending
 
