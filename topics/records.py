@@ -27,24 +27,23 @@ class _Record(BaseModel):
         return orjson.dumps(self.model_dump(by_alias=True, exclude_none=True))
 
 
-class HistoryMessage(_Record):
+class _HistoryRecord(_Record):
     schema_: Literal["agui.history.v1"] = Field(HISTORY_SCHEMA, alias="schema")
-    kind: Literal["message"] = "message"
     tenant: str
     threadId: str | None = None
     runId: str | None = None
+
+
+class HistoryMessage(_HistoryRecord):
+    kind: Literal["message"] = "message"
     seq: int
     message: dict[str, Any]
 
 
-class HistoryRun(_Record):
+class HistoryRun(_HistoryRecord):
     """The closing record of a run: it is complete, with this many messages."""
 
-    schema_: Literal["agui.history.v1"] = Field(HISTORY_SCHEMA, alias="schema")
     kind: Literal["run"] = "run"
-    tenant: str
-    threadId: str | None = None
-    runId: str | None = None
     outcome: Literal["finished", "error"]
     messageCount: int
     usage: list[dict[str, Any]] | None = None

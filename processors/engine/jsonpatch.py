@@ -46,34 +46,32 @@ def _parent(document: Any, tokens: list[str]) -> Any:
     return node
 
 
-def _get(document: Any, pointer: str) -> Any:
+def _existing(document: Any, pointer: str) -> tuple[Any, Any]:
+    """The container holding the value at `pointer`, and its key or index there."""
     tokens = _tokens(pointer)
-    if not tokens:
-        return document
     parent = _parent(document, tokens)
     last = tokens[-1]
     if isinstance(parent, dict):
         if last not in parent:
             raise _PatchError("path does not exist")
-        return parent[last]
+        return parent, last
     if isinstance(parent, list):
-        return parent[_index(parent, last, for_insert=False)]
+        return parent, _index(parent, last, for_insert=False)
     raise _PatchError("path does not exist")
+
+
+def _get(document: Any, pointer: str) -> Any:
+    if pointer == "":
+        return document
+    parent, key = _existing(document, pointer)
+    return parent[key]
 
 
 def _remove(document: Any, pointer: str) -> Any:
-    tokens = _tokens(pointer)
-    if not tokens:
+    if pointer == "":
         raise _PatchError("cannot remove the whole document")
-    parent = _parent(document, tokens)
-    last = tokens[-1]
-    if isinstance(parent, dict):
-        if last not in parent:
-            raise _PatchError("path does not exist")
-        return parent.pop(last)
-    if isinstance(parent, list):
-        return parent.pop(_index(parent, last, for_insert=False))
-    raise _PatchError("path does not exist")
+    parent, key = _existing(document, pointer)
+    return parent.pop(key)
 
 
 def _add(document: Any, pointer: str, value: Any) -> Any:
