@@ -130,13 +130,10 @@ class RunStateStore:
         self.states.pop(state_key, None)
         live.progress.forget()
 
-    def keys_of_partition(self, partition: int) -> list[tuple[bytes, bool]]:
-        """(state key, has an active run) for every key stored for `partition`."""
-        found = []
-        for state_key, value in list(self.states.items()):
-            if _PARTITION.unpack_from(value)[0] == partition:
-                found.append((state_key, b'"phase":"active"' in value))
-        return found
+    def keys_of_partition(self, partition: int) -> list[bytes]:
+        """Every state key stored for `partition`."""
+        return [state_key for state_key, value in list(self.states.items())
+                if _PARTITION.unpack_from(value)[0] == partition]
 
 
 def state_key_for(tenant: str, key: bytes) -> bytes:
@@ -195,13 +192,13 @@ class Shell:
     def sweep(self, partition: int, now: float, tick: Incoming) -> list[Outgoing]:
         """Abandon idle runs of `partition` and free idle keys' state."""
         out: list[Outgoing] = []
-        for state_key, active in self.store.keys_of_partition(partition):
+        for state_key in self.store.keys_of_partition(partition):
             live = self.live.get(state_key)
             if live is None:
                 # Not seen since this worker got the partition: its clock starts now.
                 live = self.live[state_key] = self.store.load(state_key, partition, now)
             if now - live.last_seen < self.settings.idle_timeout_seconds:
-                if active:
+                if live.engine.state.run is not None:
                     self.open_runs[state_key] = partition
                 continue
             if live.engine.state.run is not None:
