@@ -49,7 +49,8 @@ WORDS = (
 )
 
 
-def _text(rng: random.Random, low: int, high: int) -> str:
+def text(rng: random.Random, low: int, high: int) -> str:
+    """About `low`..`high` bytes of mixed-script words (at most `high`)."""
     target = rng.randint(low, high)
     parts: list[str] = []
     size = 0
@@ -79,18 +80,18 @@ def generate_run(rng: random.Random, key: int, run: int) -> list[dict[str, Any]]
             add({"type": "REASONING_MESSAGE_START", "messageId": mid, "role": "reasoning"})
             for _ in range(rng.randint(8, 30)):
                 add({"type": "REASONING_MESSAGE_CONTENT", "messageId": mid,
-                     "delta": _text(rng, 20, 200)})
+                     "delta": text(rng, 20, 200)})
             add({"type": "REASONING_MESSAGE_END", "messageId": mid})
         else:
             lane = rng.choice((None, None, "sub-1"))
             first: dict[str, Any] = {"type": "REASONING_MESSAGE_CHUNK", "messageId": mid,
-                                     "delta": _text(rng, 20, 200)}
+                                     "delta": text(rng, 20, 200)}
             if lane is not None:
                 first["subagentRunId"] = lane
             add(first)
             for _ in range(rng.randint(8, 30)):
                 chunk: dict[str, Any] = {"type": "REASONING_MESSAGE_CHUNK",
-                                         "delta": _text(rng, 20, 200)}
+                                         "delta": text(rng, 20, 200)}
                 if lane is not None:
                     chunk["subagentRunId"] = lane
                 add(chunk)
@@ -101,7 +102,7 @@ def generate_run(rng: random.Random, key: int, run: int) -> list[dict[str, Any]]
         add({"type": "STEP_STARTED", "stepName": "tools"})
         answer = "a0"
         add({"type": "TEXT_MESSAGE_START", "messageId": answer, "role": "assistant"})
-        add({"type": "TEXT_MESSAGE_CONTENT", "messageId": answer, "delta": _text(rng, 10, 60)})
+        add({"type": "TEXT_MESSAGE_CONTENT", "messageId": answer, "delta": text(rng, 10, 60)})
         add({"type": "TEXT_MESSAGE_END", "messageId": answer})
         for call in range(rng.randint(1, 2)):
             cid = f"call-{call}"
@@ -110,32 +111,32 @@ def generate_run(rng: random.Random, key: int, run: int) -> list[dict[str, Any]]
                      "parentMessageId": answer})
                 for _ in range(rng.randint(1, 4)):
                     add({"type": "TOOL_CALL_ARGS", "toolCallId": cid,
-                         "delta": orjson.dumps({"q": _text(rng, 5, 30)}).decode()})
+                         "delta": orjson.dumps({"q": text(rng, 5, 30)}).decode()})
                 add({"type": "TOOL_CALL_END", "toolCallId": cid})
             else:
                 add({"type": "TOOL_CALL_CHUNK", "toolCallId": cid, "toolCallName": "calc",
                      "parentMessageId": answer, "delta": '{"expr":'})
                 for _ in range(rng.randint(1, 4)):
                     add({"type": "TOOL_CALL_CHUNK", "delta": orjson.dumps(
-                        _text(rng, 5, 30)).decode()})
+                        text(rng, 5, 30)).decode()})
                 add({"type": "TOOL_CALL_CHUNK", "delta": "}"})
             if rng.random() < 0.3:
                 add({"type": "REASONING_ENCRYPTED_VALUE", "subtype": "tool-call",
                      "entityId": cid, "encryptedValue": _blob(rng)})
             add({"type": "TOOL_CALL_RESULT", "messageId": f"res-{call}", "toolCallId": cid,
-                 "content": _text(rng, 20, 120), "role": "tool"})
+                 "content": text(rng, 20, 120), "role": "tool"})
         add({"type": "STEP_FINISHED", "stepName": "tools"})
     final = "final"
     if rng.random() < 0.5:
         add({"type": "TEXT_MESSAGE_START", "messageId": final})
         for _ in range(rng.randint(2, 8)):
             add({"type": "TEXT_MESSAGE_CONTENT", "messageId": final,
-                 "delta": _text(rng, 10, 80)})
+                 "delta": text(rng, 10, 80)})
         add({"type": "TEXT_MESSAGE_END", "messageId": final})
     else:
-        add({"type": "TEXT_MESSAGE_CHUNK", "messageId": final, "delta": _text(rng, 10, 80)})
+        add({"type": "TEXT_MESSAGE_CHUNK", "messageId": final, "delta": text(rng, 10, 80)})
         for _ in range(rng.randint(1, 7)):
-            add({"type": "TEXT_MESSAGE_CHUNK", "delta": _text(rng, 10, 80)})
+            add({"type": "TEXT_MESSAGE_CHUNK", "delta": text(rng, 10, 80)})
     add({"type": "RUN_FINISHED", "threadId": f"thread-{key}", "runId": rid,
          "usage": [{"model": "m", "inputTokens": 100, "outputTokens": 50,
                     "reasoningTokens": 40}]})

@@ -69,6 +69,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+import engine_bench  # noqa: E402  (benchmarks/ is this script's directory)
+
 from tests.conftest import load_kafka_local  # noqa: E402
 from tests.run_generator import interleaved_runs  # noqa: E402
 from tests.service_harness import (  # noqa: E402
@@ -78,10 +80,6 @@ from tests.service_harness import (  # noqa: E402
     produce,
     wait_for,
 )
-
-WORDS = ("the", "user", "asks", "about", "weather", "so", "I", "should", "call", "tool",
-         "first", "then", "summarise", "answer", "carefully", "considering", "units",
-         "locale", "caveats", "평가", "考える", "ünïcödé", "step")
 
 
 @contextlib.contextmanager
@@ -98,15 +96,9 @@ def broker() -> Iterator[str]:
 
 
 def text(rng: random.Random, low: int, high: int) -> str:
-    target = rng.randint(low, high)
-    parts: list[str] = []
-    size = 0
-    while size < target:
-        word = rng.choice(WORDS)
-        parts.append(word)
-        size += len(word.encode()) + 1
-    out = " ".join(parts).encode()[:target].decode("utf-8", "ignore")
-    return out.ljust(low, ".")
+    """Like the engine benchmark's deltas, but never shorter than `low` bytes."""
+    return engine_bench.text(rng, low, high).encode()[:high].decode("utf-8", "ignore").ljust(
+        low, ".")
 
 
 def rss_bytes(pid: int) -> int:
