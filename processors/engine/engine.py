@@ -134,33 +134,6 @@ class KeyEngine:
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []
         self._findings = Findings()
-        self._handlers: dict[str, Callable[[RunState, dict[str, Any]], None]] = {
-            "REASONING_START": self._span_start,
-            "REASONING_END": self._span_end,
-            "REASONING_MESSAGE_START": self._reasoning_start,
-            "REASONING_MESSAGE_CONTENT": self._reasoning_content,
-            "REASONING_MESSAGE_END": self._reasoning_end,
-            "REASONING_ENCRYPTED_VALUE": self._encrypted_value,
-            "TEXT_MESSAGE_START": self._text_start,
-            "TEXT_MESSAGE_CONTENT": self._text_content,
-            "TEXT_MESSAGE_END": self._text_end,
-            "TOOL_CALL_START": self._tool_start,
-            "TOOL_CALL_ARGS": self._tool_args,
-            "TOOL_CALL_END": self._tool_end,
-            "TOOL_CALL_RESULT": self._tool_result,
-            "MESSAGES_SNAPSHOT": self._messages_snapshot,
-            "ACTIVITY_SNAPSHOT": self._activity_snapshot,
-            "ACTIVITY_DELTA": self._activity_delta,
-            "STEP_STARTED": self._step_started,
-            "STEP_FINISHED": self._step_finished,
-            "SUBAGENT_STARTED": self._subagent_started,
-            "SUBAGENT_FINISHED": self._subagent_finished,
-            "SUBAGENT_ERROR": self._subagent_finished,
-            "STATE_SNAPSHOT": _ignore,
-            "STATE_DELTA": _ignore,
-            "RAW": _ignore,
-            "CUSTOM": _ignore,
-        }
 
     # --- entry points ---------------------------------------------------------
 
@@ -305,7 +278,7 @@ class KeyEngine:
                 lane = event.get("subagentRunId")
                 if lane in run.lanes:
                     self._close_lane(run, lane)
-            self._handlers[event_type](run, event)
+            _HANDLERS[event_type](self, run, event)
         except RunFailure as failure:
             self._fail(failure.code, failure.reason)
 
@@ -815,8 +788,39 @@ class KeyEngine:
         self._close(run, "subagent", event["subagentRunId"], None)
 
 
-def _ignore(run: RunState, event: dict[str, Any]) -> None:
+def _ignore(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
     """Validated, but builds no history (state, raw and custom events)."""
+
+
+# One table for all engines (a service holds an engine per key): shared, it
+# stays in the CPU cache, where per-engine bound methods would not.
+_HANDLERS: Final[dict[str, Callable[[KeyEngine, RunState, dict[str, Any]], None]]] = {
+    "REASONING_START": KeyEngine._span_start,
+    "REASONING_END": KeyEngine._span_end,
+    "REASONING_MESSAGE_START": KeyEngine._reasoning_start,
+    "REASONING_MESSAGE_CONTENT": KeyEngine._reasoning_content,
+    "REASONING_MESSAGE_END": KeyEngine._reasoning_end,
+    "REASONING_ENCRYPTED_VALUE": KeyEngine._encrypted_value,
+    "TEXT_MESSAGE_START": KeyEngine._text_start,
+    "TEXT_MESSAGE_CONTENT": KeyEngine._text_content,
+    "TEXT_MESSAGE_END": KeyEngine._text_end,
+    "TOOL_CALL_START": KeyEngine._tool_start,
+    "TOOL_CALL_ARGS": KeyEngine._tool_args,
+    "TOOL_CALL_END": KeyEngine._tool_end,
+    "TOOL_CALL_RESULT": KeyEngine._tool_result,
+    "MESSAGES_SNAPSHOT": KeyEngine._messages_snapshot,
+    "ACTIVITY_SNAPSHOT": KeyEngine._activity_snapshot,
+    "ACTIVITY_DELTA": KeyEngine._activity_delta,
+    "STEP_STARTED": KeyEngine._step_started,
+    "STEP_FINISHED": KeyEngine._step_finished,
+    "SUBAGENT_STARTED": KeyEngine._subagent_started,
+    "SUBAGENT_FINISHED": KeyEngine._subagent_finished,
+    "SUBAGENT_ERROR": KeyEngine._subagent_finished,
+    "STATE_SNAPSHOT": _ignore,
+    "STATE_DELTA": _ignore,
+    "RAW": _ignore,
+    "CUSTOM": _ignore,
+}
 
 
 def _merged(current: dict[str, Any] | None, update: dict[str, Any]) -> dict[str, Any]:
