@@ -676,6 +676,8 @@ SUPPORTED_PROTOCOL: Final = (1, 0)
 
 def protocol_version_is_foreign(version: str) -> bool:
     """True for a declaration newer than 1.0 or not of the MAJOR.MINOR grammar."""
+    if version == "1.0":
+        return False  # the usual declaration: no need for the regex
     match = _VERSION.match(version)
     if match is None:
         return True
