@@ -18,6 +18,8 @@ and every worker it starts is stopped before it exits.
      offsets committed after each fetched batch), and a transactional one
      (transactional producer, ``send_offsets_to_transaction`` + commit every
      100 ms, and again at Faust's own cadence: every 10,000 records or 2.8 s);
+     and the Faust floor: the worker's own Faust app with an agent that does
+     nothing (``faust_floor.py``), the best any Faust agent can do here;
    * one ``agui-stream worker`` (exactly_once, memory:// and rocksdb://; and,
      for comparison only, at_least_once), each with its own consumer group,
      timed from the first processed record (after /healthz answers) until its
@@ -54,6 +56,8 @@ import os
 import random
 import re
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -77,6 +81,7 @@ from tests.service_harness import (  # noqa: E402
     Namespace,
     Worker,
     create_topic,
+    free_port,
     produce,
     wait_for,
 )
@@ -273,6 +278,34 @@ def passthrough(bootstrap: str, ns: Namespace, total: int, name: str, tag: str,
                                     commit_records))
 
 
+def faust_floor(ns: Namespace, log_dir: Path, total: int, tag: str) -> Rate:
+    """The worker's Faust app with an empty agent (``faust_floor.py``) on the same records."""
+    result_path = log_dir / f"{tag}.json"
+    env = ns.env(AGUI_APP_ID=f"{ns.prefix}-{tag}", AGUI_DATA_DIR=str(log_dir / f"{tag}-data"),
+                 AGUI_METRICS_PORT=str(free_port()), FLOOR_EVENTS=str(total),
+                 FLOOR_RESULT=str(result_path))
+    started = time.perf_counter()
+    with (log_dir / f"{tag}.log").open("ab") as log:
+        child = subprocess.Popen([sys.executable, str(REPO_ROOT / "benchmarks/faust_floor.py")],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    try:
+        def finished() -> bool:
+            if child.poll() is not None:
+                raise RuntimeError(f"faust_floor exited with {child.returncode}; "
+                                   f"see {log_dir / tag}.log")
+            return result_path.exists()
+
+        wait_for(finished, 600, "the Faust floor to see every record")
+        result = orjson.loads(result_path.read_bytes())
+        return Rate("Faust floor: empty agent, exactly_once", result["records"],
+                    result["seconds"], time.perf_counter() - started)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+            child.wait(60)
+
+
 @dataclass
 class WorkerRun:
     name: str
@@ -395,6 +428,7 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
         passthrough(bootstrap, ns, total, "passthrough, transactional (10k rec / 2.8 s)",
                     "txfaust", transactional=True, commit_seconds=2.8,
                     commit_records=10_000),
+        faust_floor(ns, log_dir, total, "floor"),
     ]
     for rate in baselines:
         print(f"  {rate.name:48} {rate.per_second:>9,.0f} events/s "
@@ -428,7 +462,8 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
                   f"[{result.committed.per_second / base.per_second:.2f}]")
     print("target >= 0.5, judged against the plain passthrough: it is the issue's 'bare'"
           " baseline and the stricter (faster) one; the transactional ones show what"
-          " exactly-once itself costs.")
+          " exactly-once itself costs, the Faust floor what Faust's stream machinery costs"
+          " before the worker does anything.")
     return {"total": total, "baselines": baselines, "workers": results}
 
 

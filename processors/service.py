@@ -242,9 +242,9 @@ class Shell:
         self.open_runs.pop(state_key, None)
 
 
-def create_app(settings: Settings, metrics: Metrics) -> faust.App:
-    """The Faust app with its tables, agent, sweep timer and web pages."""
-    app = faust.App(
+def faust_app(settings: Settings) -> faust.App:
+    """The bare Faust app as the worker configures it: no tables, agents or pages."""
+    return faust.App(
         settings.app_id,
         broker=settings.broker_url,
         broker_credentials=faust_credentials(settings),
@@ -255,9 +255,10 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         topic_replication_factor=settings.replication_factor,
         topic_disable_leader=True,
         producer_max_request_size=settings.max_record_bytes + 65_536,
-        # Batch what one record produces (outputs, changelog entries) instead of
-        # one request per record; a commit flushes the batches anyway.
-        producer_linger=0.005,
+        # Batch what records produce (outputs, changelog entries) into few
+        # requests. With exactly_once nothing is visible before the commit, and
+        # a commit sends the lingering batches at once (at_least_once: <= 50 ms later).
+        producer_linger=0.05,
         consumer_auto_offset_reset="earliest",
         consumer_group_instance_id=settings.group_instance_id,
         broker_session_timeout=settings.session_timeout_seconds,
@@ -270,6 +271,11 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         autodiscover=False,
         loghandlers=[],
     )
+
+
+def create_app(settings: Settings, metrics: Metrics) -> faust.App:
+    """The Faust app with its tables, agent, sweep timer and web pages."""
+    app = faust_app(settings)
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     ticks = idle_ticks_topic(settings.app_id)
     if settings.input_pattern is not None:
