@@ -91,19 +91,17 @@ _KIND_NAMES: Final = {
     "step": "step",
     "subagent": "subagent",
 }
-# Bare deltas taken by `KeyEngine._took_bare_delta`: (id key, namespace) of an
-# explicit continuation, and the kind of a chunk continuing its lane.
-_FAST_CONTINUATIONS: Final = {
+# Bare deltas taken by `KeyEngine._took_bare_delta` (one lookup per record):
+# (id key, namespace) of an explicit continuation, or the kind of a chunk
+# continuing its lane.
+_FAST_DELTAS: Final[dict[str, tuple[str, str] | ChunkKind]] = {
     "REASONING_MESSAGE_CONTENT": ("messageId", "reasoning"),
     "TEXT_MESSAGE_CONTENT": ("messageId", "text"),
     "TOOL_CALL_ARGS": ("toolCallId", "tool"),
-}
-_FAST_CHUNKS: Final = {
     "REASONING_MESSAGE_CHUNK": ChunkKind.REASONING,
     "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
     "TOOL_CALL_CHUNK": ChunkKind.TOOL,
 }
-_FAST_TYPES: Final = frozenset((*_FAST_CONTINUATIONS, *_FAST_CHUNKS))
 _TOOL: Final = ChunkKind.TOOL  # a module constant: enum attribute lookups are slow
 # A record that decided nothing gets a shared, immutable Step.
 _QUIET_STEPS: Final = {
@@ -153,9 +151,10 @@ class KeyEngine:
             self._undecodable()
             return _step("undecodable", self._out)
         run = self.state.run
-        if (run is not None and event_type in _FAST_TYPES
-                and self._took_bare_delta(run, event_type, event)):
-            return _QUIET_STEPS[event_type]
+        if run is not None:
+            fast = _FAST_DELTAS.get(event_type)
+            if fast is not None and self._took_bare_delta(run, fast, event):
+                return _QUIET_STEPS[event_type]
         out: list[Decision] = []
         self._out = out
         model = EVENT_MODELS.get(event_type)
@@ -186,10 +185,12 @@ class KeyEngine:
                 out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
                 return _step(event_type, out)
         if checked is not None:
-            self._apply(event_type, checked)
+            self._apply(run, event_type, checked)
         return _step(event_type, out)
 
-    def _took_bare_delta(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
+    def _took_bare_delta(
+        self, run: RunState, fast: tuple[str, str] | ChunkKind, event: dict[str, Any]
+    ) -> bool:
         """The fast path for the commonest record, a bare delta to an open item.
 
         Takes only shapes the schema check would pass untouched (no unknown,
@@ -200,11 +201,10 @@ class KeyEngine:
         item of that kind. Anything else takes the general path, which
         decides the same way (tests/test_properties.py proves it).
         """
-        explicit = _FAST_CONTINUATIONS.get(event_type)
-        if explicit is not None:
+        if isinstance(fast, tuple):
             if len(event) != 3:
                 return False
-            id_key, namespace = explicit
+            id_key, namespace = fast
             item_id = event.get(id_key)
             delta = event.get("delta")
             if (type(delta) is not str or type(item_id) is not str
@@ -212,9 +212,7 @@ class KeyEngine:
                 return False
             kind = _TOOL if namespace == "tool" else None
         else:
-            kind = _FAST_CHUNKS.get(event_type)
-            if kind is None:
-                return False
+            kind = fast
             delta = event.get("delta")
             if type(delta) is not str:
                 return False
@@ -255,9 +253,7 @@ class KeyEngine:
 
     # --- lifecycle ------------------------------------------------------------
 
-    def _apply(self, event_type: str, event: dict[str, Any]) -> None:
-        state = self.state
-        run = state.run
+    def _apply(self, run: RunState | None, event_type: str, event: dict[str, Any]) -> None:
         if run is None:
             self._outside_run(event_type, event)
             return
