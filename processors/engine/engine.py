@@ -102,6 +102,17 @@ _FAST_DELTAS: Final[dict[str, tuple[str, str] | ChunkKind]] = {
     "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
     "TOOL_CALL_CHUNK": ChunkKind.TOOL,
 }
+# Bare boundaries taken by `KeyEngine._took_bare_boundary`: the id key and
+# namespace of `{type, id}`, and whether it opens (a span, a step) or closes.
+_FAST_BOUNDARIES: Final = {
+    "REASONING_START": ("messageId", "span", True),
+    "STEP_STARTED": ("stepName", "step", True),
+    "REASONING_END": ("messageId", "span", False),
+    "REASONING_MESSAGE_END": ("messageId", "reasoning", False),
+    "TEXT_MESSAGE_END": ("messageId", "text", False),
+    "TOOL_CALL_END": ("toolCallId", "tool", False),
+    "STEP_FINISHED": ("stepName", "step", False),
+}
 _TOOL: Final = ChunkKind.TOOL  # a module constant: enum attribute lookups are slow
 # A record that decided nothing gets a shared, immutable Step.
 _QUIET_STEPS: Final = {
@@ -153,8 +164,13 @@ class KeyEngine:
         run = self.state.run
         if run is not None:
             fast = _FAST_DELTAS.get(event_type)
-            if fast is not None and self._took_bare_delta(run, fast, event):
-                return _QUIET_STEPS[event_type]
+            if fast is not None:
+                if self._took_bare_delta(run, fast, event):
+                    return _QUIET_STEPS[event_type]
+            else:
+                boundary = _FAST_BOUNDARIES.get(event_type)
+                if boundary is not None and self._took_bare_boundary(run, boundary, event):
+                    return _QUIET_STEPS[event_type]
         out: list[Decision] = []
         self._out = out
         model = EVENT_MODELS.get(event_type)
@@ -232,6 +248,29 @@ class KeyEngine:
                 self._append_args(run, item_id, delta, None)
             else:
                 self._append_text(run, run.messages[item_id], delta)
+        return True
+
+    def _took_bare_boundary(
+        self, run: RunState, boundary: tuple[str, str, bool], event: dict[str, Any]
+    ) -> bool:
+        """The fast path for a bare `{type, id}` start of a span or step, or end of an item.
+
+        Takes it only when it cannot fail (a start of an id not open, an end
+        of an open one) and the parent lane has no pending chunk item (the
+        general path would close it first). Anything else takes the general
+        path, which decides the same way (tests/test_properties.py proves it).
+        """
+        id_key, namespace, opens = boundary
+        item_id = event.get(id_key)
+        if len(event) != 2 or type(item_id) is not str or None in run.lanes:
+            return False
+        opened = run.open[namespace]
+        if (item_id in opened) is opens:
+            return False
+        if opens:
+            self._open(run, namespace, item_id, None)
+        else:
+            del opened[item_id]
         return True
 
     def _append_text(self, run: RunState, record: MessageRecord, delta: str) -> None:
