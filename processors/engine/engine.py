@@ -36,6 +36,7 @@ from processors.engine.state import (
     ToolCallRecord,
 )
 from topics.events import (
+    ENCRYPTED_VALUE_SUBTYPES,
     EVENT_MODELS,
     REMOVE,
     Findings,
@@ -168,8 +169,8 @@ class KeyEngine:
                 if self._took_bare_delta(run, fast, event):
                     return _QUIET_STEPS[event_type]
             else:
-                boundary = _FAST_BOUNDARIES.get(event_type)
-                if boundary is not None and self._took_bare_boundary(run, boundary, event):
+                path = _FAST_PATHS.get(event_type)
+                if path is not None and path(self, run, event_type, event):
                     return _QUIET_STEPS[event_type]
         out: list[Decision] = []
         self._out = out
@@ -250,9 +251,7 @@ class KeyEngine:
                 self._append_text(run, run.messages[item_id], delta)
         return True
 
-    def _took_bare_boundary(
-        self, run: RunState, boundary: tuple[str, str, bool], event: dict[str, Any]
-    ) -> bool:
+    def _took_bare_boundary(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
         """The fast path for a bare `{type, id}` start of a span or step, or end of an item.
 
         Takes it only when it cannot fail (a start of an id not open, an end
@@ -260,7 +259,7 @@ class KeyEngine:
         general path would close it first). Anything else takes the general
         path, which decides the same way (tests/test_properties.py proves it).
         """
-        id_key, namespace, opens = boundary
+        id_key, namespace, opens = _FAST_BOUNDARIES[event_type]
         item_id = event.get(id_key)
         if len(event) != 2 or type(item_id) is not str or None in run.lanes:
             return False
@@ -272,6 +271,19 @@ class KeyEngine:
         else:
             del opened[item_id]
         return True
+
+    def _took_bare_encrypted(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
+        """The fast path for `{type, subtype, entityId, encryptedValue}` naming a held entity.
+
+        REASONING_ENCRYPTED_VALUE leaves chunk lanes open, so holding the
+        value is all it does; an unknown subtype or entity takes the general
+        path, which warns.
+        """
+        subtype = event.get("subtype")
+        return (len(event) == 4 and type(subtype) is str and subtype in ENCRYPTED_VALUE_SUBTYPES
+                and type(event.get("entityId")) is str
+                and type(event.get("encryptedValue")) is str
+                and self._held_encrypted(run, event))
 
     def _append_text(self, run: RunState, record: MessageRecord, delta: str) -> None:
         slot = record.content_slot
@@ -765,22 +777,27 @@ class KeyEngine:
     # --- encrypted values -------------------------------------------------------------
 
     def _encrypted_value(self, run: RunState, event: dict[str, Any]) -> None:
-        entity_id = event["entityId"]
-        value = event["encryptedValue"]
-        if event["subtype"] == "message":
-            record = run.messages.get(entity_id)
-            if record is not None and record.role != "activity":
-                record.encrypted_value = value
-                return
-        else:
-            call = self._tool_call(run, entity_id)
-            if call is not None:
-                call.encrypted_value = value
-                return
+        if self._held_encrypted(run, event):
+            return
         self._warn(WarningCode.ENCRYPTED_VALUE_UNKNOWN_ENTITY,
-                   f"REASONING_ENCRYPTED_VALUE names {event['subtype']} {entity_id!r},"
+                   f"REASONING_ENCRYPTED_VALUE names {event['subtype']} {event['entityId']!r},"
                    " which this run does not hold; the value was dropped")
         self._out.append(EncryptedLost(LossReason.UNKNOWN_ENTITY))
+
+    def _held_encrypted(self, run: RunState, event: dict[str, Any]) -> bool:
+        """Give the value to the message or tool call it names, if the run holds it."""
+        entity_id = event["entityId"]
+        if event["subtype"] == "message":
+            record = run.messages.get(entity_id)
+            if record is None or record.role == "activity":
+                return False
+            record.encrypted_value = event["encryptedValue"]
+            return True
+        call = self._tool_call(run, entity_id)
+        if call is None:
+            return False
+        call.encrypted_value = event["encryptedValue"]
+        return True
 
     # --- snapshots and activity ---------------------------------------------------------
 
@@ -832,6 +849,13 @@ class KeyEngine:
 def _ignore(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
     """Validated, but builds no history (state, raw and custom events)."""
 
+
+# The fast paths for other bare records, by event type (`_took_bare_delta`
+# comes first: it takes most records).
+_FAST_PATHS: Final[dict[str, Callable[[KeyEngine, RunState, str, dict[str, Any]], bool]]] = {
+    **dict.fromkeys(_FAST_BOUNDARIES, KeyEngine._took_bare_boundary),
+    "REASONING_ENCRYPTED_VALUE": KeyEngine._took_bare_encrypted,
+}
 
 # One table for all engines (a service holds an engine per key): shared, it
 # stays in the CPU cache, where per-engine bound methods would not.
