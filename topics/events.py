@@ -574,7 +574,8 @@ _BASE: dict[str, Field] = {
     "metadata": OPT_OBJECT,
 }
 _ATTRIBUTABLE: dict[str, Field] = {**_BASE, "subagentRunId": OPT_STRING}
-_TEXT_ROLE = _one_of("developer", "system", "assistant", "user")
+TEXT_MESSAGE_ROLES: Final = frozenset({"developer", "system", "assistant", "user"})
+_TEXT_ROLE = _one_of(*TEXT_MESSAGE_ROLES)
 
 
 def _event(model_name: str, base: dict[str, Field], /, **fields: Field) -> Model:

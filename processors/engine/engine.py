@@ -39,6 +39,7 @@ from topics.events import (
     ENCRYPTED_VALUE_SUBTYPES,
     EVENT_MODELS,
     REMOVE,
+    TEXT_MESSAGE_ROLES,
     Findings,
     Malformed,
     check_model,
@@ -114,6 +115,15 @@ _FAST_BOUNDARIES: Final = {
     "TOOL_CALL_END": ("toolCallId", "tool", False),
     "STEP_FINISHED": ("stepName", "step", False),
 }
+# Bare message starts taken by `KeyEngine._took_bare_start`: the message's
+# namespace, the record's one key besides type and messageId, and the values
+# that key may take (None: any string).
+_FAST_STARTS: Final[dict[str, tuple[str, str, frozenset[str] | None]]] = {
+    "REASONING_MESSAGE_START": ("reasoning", "role", frozenset({"reasoning"})),
+    "TEXT_MESSAGE_START": ("text", "role", TEXT_MESSAGE_ROLES),
+    "REASONING_MESSAGE_CHUNK": ("reasoning", "delta", None),
+    "TEXT_MESSAGE_CHUNK": ("text", "delta", None),
+}
 _TOOL: Final = ChunkKind.TOOL  # a module constant: enum attribute lookups are slow
 # A record that decided nothing gets a shared, immutable Step.
 _QUIET_STEPS: Final = {
@@ -165,13 +175,11 @@ class KeyEngine:
         run = self.state.run
         if run is not None:
             fast = _FAST_DELTAS.get(event_type)
-            if fast is not None:
-                if self._took_bare_delta(run, fast, event):
-                    return _QUIET_STEPS[event_type]
-            else:
-                path = _FAST_PATHS.get(event_type)
-                if path is not None and path(self, run, event_type, event):
-                    return _QUIET_STEPS[event_type]
+            if fast is not None and self._took_bare_delta(run, fast, event):
+                return _QUIET_STEPS[event_type]
+            path = _FAST_PATHS.get(event_type)
+            if path is not None and path(self, run, event_type, event):
+                return _QUIET_STEPS[event_type]
         out: list[Decision] = []
         self._out = out
         model = EVENT_MODELS.get(event_type)
@@ -270,6 +278,28 @@ class KeyEngine:
             self._open(run, namespace, item_id, None)
         else:
             del opened[item_id]
+        return True
+
+    def _took_bare_start(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
+        """The fast path for a bare start of a message: a START with a role, or the
+        first CHUNK of the parent lane with a delta (`{type, messageId, role|delta}`).
+
+        Taken only when the message is not open and the parent lane has no
+        pending chunk item, so the start can neither fail nor close anything;
+        the general handler then applies it.
+        """
+        namespace, key, accepted = _FAST_STARTS[event_type]
+        message_id = event.get("messageId")
+        value = event.get(key)
+        if (len(event) != 3 or type(message_id) is not str or type(value) is not str
+                or (accepted is not None and value not in accepted)
+                or message_id in run.open[namespace] or None in run.lanes):
+            return False
+        kind = _CHUNK_KINDS.get(event_type)
+        if kind is None:
+            _HANDLERS[event_type](self, run, event)
+        else:
+            self._chunk(run, kind, event)
         return True
 
     def _took_bare_encrypted(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
@@ -850,10 +880,11 @@ def _ignore(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
     """Validated, but builds no history (state, raw and custom events)."""
 
 
-# The fast paths for other bare records, by event type (`_took_bare_delta`
-# comes first: it takes most records).
+# The fast paths for other bare records, by event type (tried after
+# `_took_bare_delta`, which takes most records).
 _FAST_PATHS: Final[dict[str, Callable[[KeyEngine, RunState, str, dict[str, Any]], bool]]] = {
     **dict.fromkeys(_FAST_BOUNDARIES, KeyEngine._took_bare_boundary),
+    **dict.fromkeys(_FAST_STARTS, KeyEngine._took_bare_start),
     "REASONING_ENCRYPTED_VALUE": KeyEngine._took_bare_encrypted,
 }
 
