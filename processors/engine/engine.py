@@ -255,8 +255,12 @@ class KeyEngine:
         if delta:
             if kind is _TOOL:
                 self._append_args(run, item_id, delta, None)
+                return True
+            record = run.messages[item_id]
+            if record.content_slot is None:
+                self._append_text(run, record, delta)  # the message's first text
             else:
-                self._append_text(run, run.messages[item_id], delta)
+                self.content.append(record.content_slot, delta)  # no call to set up
         return True
 
     def _took_bare_boundary(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
