@@ -845,7 +845,7 @@ def test_state_round_trip_junk(events: list[dict[str, Any]], data: st.DataObject
 
 
 # =====================================================================================
-# The engine's fast path for bare deltas decides exactly as the general path
+# The engine's fast paths for bare records decide exactly as the general path
 # =====================================================================================
 
 
