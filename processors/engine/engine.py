@@ -132,8 +132,20 @@ _QUIET_STEPS: Final = {
 }
 
 
-def _step(event_type: str, decisions: list[Decision]) -> Step:
-    return Step(event_type, tuple(decisions)) if decisions else _QUIET_STEPS[event_type]
+def _step(event_type: str, out: list[Decision]) -> Step:
+    """The Step of the decisions collected in `out`, which it empties.
+
+    The engine keeps no reference to a record's decisions once it returns
+    them: a concluded run's history goes when the caller drops it, not
+    (long after, from cold memory) at the key's next record.
+    """
+    if not out:
+        return _QUIET_STEPS[event_type]
+    step = Step(event_type, tuple(out))
+    out.clear()
+    return step
+
+
 _ABSENT: Final = object()
 _FAILED: Final = Phase.FAILED
 
@@ -156,7 +168,7 @@ class KeyEngine:
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
-        self._out: list[Decision] = []
+        self._out: list[Decision] = []  # the current record's decisions; `_step` empties it
         self._findings = Findings()
 
     # --- entry points ---------------------------------------------------------
@@ -169,7 +181,6 @@ class KeyEngine:
             event = None
         event_type = event.get("type") if type(event) is dict else None
         if type(event_type) is not str:
-            self._out = []
             self._undecodable()
             return _step("undecodable", self._out)
         run = self.state.run
@@ -180,8 +191,7 @@ class KeyEngine:
             path = _FAST_PATHS.get(event_type)
             if path is not None and path(self, run, event_type, event):
                 return _QUIET_STEPS[event_type]
-        out: list[Decision] = []
-        self._out = out
+        out = self._out
         model = EVENT_MODELS.get(event_type)
         if self.state.phase is _FAILED and event_type != "RUN_STARTED":
             out.append(Discarded())
@@ -328,8 +338,7 @@ class KeyEngine:
 
     def abandon(self) -> Step:
         """The caller's idle timeout expired: the active run fails `run_abandoned`."""
-        out: list[Decision] = []
-        self._out = out
+        out = self._out
         if self.state.run is not None:
             self._fail(FailureCode.RUN_ABANDONED,
                        "no terminal event arrived before the idle timeout",
