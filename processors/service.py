@@ -24,16 +24,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import signal
 import struct
 import time
 import traceback
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
+from aiokafka.errors import IllegalOperation
 from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -49,6 +52,7 @@ from topics.declarations import idle_ticks_topic
 log = logging.getLogger("agui_stream")
 
 _PARTITION = struct.Struct(">I")
+EXIT_UNSENT = 70  # EX_SOFTWARE: a record's outputs could not be sent (see stop_without_commit)
 # aiohttp takes the charset separately; Prometheus' text format is UTF-8 anyway.
 _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
@@ -308,6 +312,7 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
     async def process(stream: Any) -> None:
         if app.in_transaction:
             commit_whole_records(app, record_boundary)
+            commit_before_revoking(app)
         async for event in stream.events():
             async with record_boundary:
                 clock = time.perf_counter()
@@ -322,14 +327,18 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
                     sent = shell.sweep(message.partition, _tick_time(record.value), record)
                 else:
                     sent = shell.handle(record, time.time())
-                for item in sent:
-                    await send(item.topic, item.key, item.value, item.headers, None, message)
-                for table in tables:
-                    for partition, key, value in table.unsent:
-                        delivery = await send(table.changelog_topic.get_topic_name(), key,
-                                              value, None, partition, message)
-                        delivery.add_done_callback(table.on_delivered)
-                    table.unsent.clear()
+                try:
+                    for item in sent:
+                        await send(item.topic, item.key, item.value, item.headers, None,
+                                   message)
+                    for table in tables:
+                        for partition, key, value in table.unsent:
+                            delivery = await send(table.changelog_topic.get_topic_name(), key,
+                                                  value, None, partition, message)
+                            delivery.add_done_callback(table.on_delivered)
+                        table.unsent.clear()
+                except Exception:
+                    stop_without_commit(message)
                 event.ack()
                 metrics.processing_latency.observe(time.perf_counter() - clock)
                 started["ready"] = True
@@ -349,10 +358,10 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         """
         if not app.in_transaction:
             return await producer.send(topic, key, value, partition, None, headers)
-        group = app.assignor.group_for_topic(source.topic)
-        return await app.consumer.transactions.producer.send(
-            topic, key, value, partition, None, headers,
-            transactional_id=f"{app.conf.id}-{group}-{source.partition}",
+        return await send_in_transaction(
+            app.consumer.transactions.producer,
+            _transactional_id(app, source.topic, source.partition),
+            topic, key, value, partition, headers,
         )
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4))  # type: ignore[untyped-decorator]
@@ -374,23 +383,28 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
             committed = getattr(consumer, "_committed_offset", {})
             for tp in consumer.assignment():
                 end = consumer.highwater(tp)
-                if tp.topic == ticks or end is None:
+                if tp.topic == ticks or tp.topic in app.tables.changelog_topics or end is None:
                     continue  # internal, or not fetched yet
                 lag = max(0, end - (committed.get(tp) or 0))
                 metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
         except Exception:
             log.warning("could not measure consumer lag", exc_info=True)
 
+    @app.task  # type: ignore[untyped-decorator]
+    async def answer_task_dumps() -> None:
+        """`kill -USR1 <worker>` logs where every task waits: for a worker that stalls."""
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, log_task_stacks)
+
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
-        if app.in_transaction:
-            # Faust leaves the open transactions open across a rebalance, then
-            # rolls kept partitions' tables back to the committed changelog and
-            # reprocesses into the same transaction: records published twice.
-            # Committing here (as Kafka Streams does) makes state, offsets and
-            # outputs agree before any partition moves.
-            await app.consumer.commit()
         shell.forget_live()
+
+    owned_producers: set[str] = set()
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        if app.in_transaction:
+            await stop_producers_of_lost_partitions(app, assigned, owned_producers)
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
@@ -399,10 +413,96 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
     @app.page("/healthz")
     async def health_page(web: Any, request: Any) -> Any:
         healthy = not app.should_stop
-        return web.json({"ok": healthy, "processed": started["ready"]},
+        return web.json({"ok": healthy, "processed": started["ready"],
+                         "inputPartitions": _input_partitions(app, ticks)},
                         status=200 if healthy else 503)
 
     return app
+
+
+def stop_without_commit(message: Any) -> NoReturn:
+    """Exit at once: what `message` produced could not all be sent.
+
+    Faust would ack the record and go on without its outputs (and, on a
+    graceful stop, commit past it). Exiting without a commit is what a kill -9
+    does, which the recovery test proves safe: the open transactions abort and
+    the restarted worker processes the record again from the last commit.
+    """
+    log.critical("could not send what %s[%d]@%d produced; exiting without a commit so that "
+                 "it is processed again after a restart", message.topic, message.partition,
+                 message.offset, exc_info=True)
+    logging.shutdown()
+    os._exit(EXIT_UNSENT)
+
+
+async def send_in_transaction(producer: Any, transactional_id: str, topic: str,
+                              key: bytes, value: bytes | None, partition: int | None,
+                              headers: list[tuple[str, bytes]] | None) -> Any:
+    """Send with Faust's producer in `transactional_id`'s transaction, begun if need be.
+
+    Faust begins a partition's next transaction only after committing the last
+    one; a commit that fails during a rebalance leaves the partition's producer
+    between transactions, and every later send of the partition failed (the
+    agent crash-looped). Beginning the transaction here is what the failed
+    commit would have done; the records sent commit with the next commit.
+    """
+    try:
+        return await producer.send(topic, key, value, partition, None, headers,
+                                   transactional_id=transactional_id)
+    except IllegalOperation:  # "Can't send messages while not in transaction"
+        log.warning("producer %s was between transactions: beginning one", transactional_id)
+        await producer.maybe_begin_transaction(transactional_id)
+        return await producer.send(topic, key, value, partition, None, headers,
+                                   transactional_id=transactional_id)
+
+
+async def stop_producers_of_lost_partitions(app: faust.App, assigned: Any,
+                                            ever_owned: set[str]) -> None:
+    """Stop the transactional producers of the partitions this worker no longer owns.
+
+    Faust (0.15.3) did not stop them on a rebalance (the join/leave test): the
+    new owner's producer fences ours, and when the partition comes back Faust
+    begins its next transaction on the fenced producer, so every send of the
+    partition fails. Stopped here, Faust starts a fresh producer when the
+    partition comes back. `commit_before_revoking` has committed their transactions.
+    `ever_owned` collects the producers' ids across rebalances.
+    """
+    changelogs = app.tables.changelog_topics
+    owned = {_transactional_id(app, tp.topic, tp.partition) for tp in assigned
+             if tp.topic not in changelogs and not app.assignor.is_standby(tp)}
+    for transactional_id in sorted(ever_owned - owned):
+        await app.producer.stop_transaction(transactional_id)
+    ever_owned.clear()
+    ever_owned.update(owned)
+
+
+def commit_before_revoking(app: faust.App) -> None:
+    """Commit every partition's transaction before a rebalance takes partitions away.
+
+    Faust leaves the open transactions open across a rebalance, then rolls kept
+    partitions' tables back to the committed changelog and reprocesses into the
+    same transaction (records published twice), while the new owner of a moved
+    partition recovers its table without the open transaction's state but may
+    be handed offsets it commits later (runs failed as not started). Faust
+    forgets a revoked partition's acked offsets before its revoke signal, so
+    the commit (as Kafka Streams does it) runs here, ahead of Faust's handler.
+    """
+    consumer: Any = app.consumer
+    if getattr(consumer, "_agui_commits_before_revoking", False):
+        return
+    on_partitions_revoked = consumer.on_partitions_revoked
+
+    async def commit_then_revoke(revoked: Any) -> None:
+        await consumer.commit()
+        await on_partitions_revoked(revoked)
+
+    consumer.on_partitions_revoked = commit_then_revoke
+    consumer._agui_commits_before_revoking = True
+
+
+def _transactional_id(app: faust.App, topic: str, partition: int) -> str:
+    """Faust's transactional id for a source partition (TransactionManager's format)."""
+    return f"{app.conf.id}-{app.assignor.group_for_topic(topic)}-{partition}"
 
 
 def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
@@ -425,6 +525,26 @@ def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
 
     consumer.force_commit = commit_after_record
     consumer._agui_whole_records = True
+
+
+def log_task_stacks() -> None:
+    """Log each asyncio task's waiting point: code locations only, never values."""
+    lines = []
+    for task in asyncio.all_tasks():
+        frames = " <- ".join(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:"
+                             f"{frame.f_lineno})" for frame in reversed(task.get_stack()))
+        lines.append(f"{task.get_name()}: {frames or 'not started'}")
+    log.warning("%d tasks:\n%s", len(lines), "\n".join(sorted(lines)))
+
+
+def _input_partitions(app: faust.App, ticks: str) -> int:
+    """How many input partitions this worker owns now (0 before it joined the group)."""
+    try:
+        changelogs = app.tables.changelog_topics
+        return sum(tp.topic != ticks and tp.topic not in changelogs
+                   for tp in app.consumer.assignment())
+    except Exception:  # no consumer yet: starting
+        return 0
 
 
 def _header_list(headers: Any) -> list[tuple[str, bytes]]:

@@ -26,6 +26,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from processors.service import EXIT_UNSENT
+
 AGUI_STREAM = str(Path(sys.executable).with_name("agui-stream"))
 
 
@@ -80,23 +82,38 @@ class Namespace:
         assert result.returncode == 0, result.stderr
 
 
+# Restarts the worker when it exits with EXIT_UNSENT, as the deployments do
+# (StatefulSet, compose `restart: unless-stopped`); a SIGTERM to the process
+# group stops the worker and then this loop, once the worker has exited.
+_SUPERVISOR = f"""
+trap 'wait "$child"; exit' TERM
+while :; do
+  "{AGUI_STREAM}" worker & child=$!
+  wait "$child"; code=$?
+  [ "$code" -eq {EXIT_UNSENT} ] || exit "$code"
+done
+"""
+
+
 class Worker:
-    """One `agui-stream worker` process."""
+    """One `agui-stream worker` process (optionally restarted like a deployment's)."""
 
     def __init__(self, namespace: Namespace, log_dir: Path, name: str = "worker",
-                 **env: str) -> None:
+                 restarted: bool = False, **env: str) -> None:
         self.port = free_port()
         self.data_dir = log_dir / f"{name}-data"
         self.log_path = log_dir / f"{name}.log"
         self.env = namespace.env(AGUI_METRICS_PORT=str(self.port),
                                  AGUI_DATA_DIR=str(self.data_dir), **env)
         self.process: subprocess.Popen[bytes] | None = None
+        self.restarted = restarted
         self.starts = 0
 
     def start(self) -> Worker:
         self.starts += 1
         log = self.log_path.open("ab")
-        self.process = subprocess.Popen([AGUI_STREAM, "worker"], env=self.env, stdout=log,
+        command = ["bash", "-c", _SUPERVISOR] if self.restarted else [AGUI_STREAM, "worker"]
+        self.process = subprocess.Popen(command, env=self.env, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_for(self._healthy, 60, f"worker on port {self.port} to answer /healthz",
@@ -117,6 +134,15 @@ class Worker:
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return str(r.read().decode())
+
+    def input_partitions(self) -> int:
+        """How many input partitions the worker owns (its /healthz)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz",
+                                        timeout=2) as response:
+                return int(orjson.loads(response.read())["inputPartitions"])
+        except OSError:
+            return 0
 
     def processed(self) -> int:
         """Raw records this worker has consumed so far (from its /metrics)."""

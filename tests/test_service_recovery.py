@@ -4,7 +4,8 @@
   restart it, repeat: a read_committed consumer sees every finished run's
   messages exactly once (no gap, no duplicate), runs open across a crash
   complete with the right content;
-* a second worker joins and leaves mid-stream: the results are the same.
+* a second worker joins and leaves mid-stream: the results are the same (a
+  worker that finds its producer fenced exits and is restarted).
 """
 
 from __future__ import annotations
@@ -108,29 +109,41 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
 
 @pytest.mark.skipif(
     os.environ.get("AGUI_TEST_REBALANCE") != "1",
-    reason="opt-in (AGUI_TEST_REBALANCE=1): passed twice, but once the first worker's agent"
-    " crash-looped on 'not in transaction' after the rebalance; see the issue 3 note",
+    reason="opt-in (AGUI_TEST_REBALANCE=1): fails; a partition handed over mid-run is"
+    " recovered with state older than the offsets it resumes from (about 1 run in 10 fails"
+    " as run_not_started, run_already_active...); see README 'Known limits'",
 )
 def test_second_worker_joining_and_leaving_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     runs, records = interleaved_runs(seed=11, keys=200, runs_per_key=5)  # 1,000 runs
+    half = len(records) // 2
     namespace = Namespace(kafka_bootstrap)
     namespace.create_topics()
-    producer = BackgroundProducer(kafka_bootstrap, namespace.events, records, batch=1_000)
-    first = Worker(namespace, tmp_path, name="first", AGUI_SESSION_TIMEOUT_SECONDS="10")
-    second = Worker(namespace, tmp_path, name="second", AGUI_SESSION_TIMEOUT_SECONDS="10")
+    producer = BackgroundProducer(kafka_bootstrap, namespace.events, records[:half], batch=1_000)
+    # A rebalance can fence a worker's partition producer (a stale owner's late
+    # init); the worker then exits to be restarted, as its deployment would do.
+    first, second = (Worker(namespace, tmp_path, name=name, restarted=True,
+                            AGUI_SESSION_TIMEOUT_SECONDS="10") for name in ("first", "second"))
     reader = TopicReader(kafka_bootstrap, namespace.history)
     producer.start()
     first.start()
     reader.wait_until(lambda recs: closing_count(recs) >= len(runs) // 4, 300,
                       "a quarter of the runs", first.log_tail)
     second.start()
-    wait_for(lambda: second.processed() >= 1_000, 300,
-             "the second worker to take partitions and process records", second.log_tail)
-    second.stop()
+    wait_for(lambda: second.input_partitions() > 0, 120,
+             "the second worker to be given input partitions", second.log_tail)
+    # Records keep coming after the join, so the second worker has its share to do
+    # (after the first half: a key's records must stay in order).
     producer.join(300)
-    assert producer.error is None, producer.error
+    later = BackgroundProducer(kafka_bootstrap, namespace.events, records[half:], batch=1_000)
+    later.start()
+    wait_for(lambda: second.processed() >= 1_000, 300,
+             "the second worker to process records", second.log_tail)
+    second.stop()
+    for thread in (producer, later):
+        thread.join(300)
+        assert thread.error is None, thread.error
     reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
                       f"all {len(runs)} closing records", first.log_tail)
     first.stop()
