@@ -107,12 +107,6 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     assert_exactly_once(runs, reader.records)
 
 
-@pytest.mark.skipif(
-    os.environ.get("AGUI_TEST_REBALANCE") != "1",
-    reason="opt-in (AGUI_TEST_REBALANCE=1): fails; a partition handed over mid-run is"
-    " recovered with state older than the offsets it resumes from (about 1 run in 10 fails"
-    " as run_not_started, run_already_active...); see README 'Known limits'",
-)
 def test_second_worker_joining_and_leaving_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
