@@ -482,11 +482,10 @@ def commit_before_revoking(app: faust.App) -> None:
 
     Faust leaves the open transactions open across a rebalance, then rolls kept
     partitions' tables back to the committed changelog and reprocesses into the
-    same transaction (records published twice), while the new owner of a moved
-    partition recovers its table without the open transaction's state but may
-    be handed offsets it commits later (runs failed as not started). Faust
-    forgets a revoked partition's acked offsets before its revoke signal, so
-    the commit (as Kafka Streams does it) runs here, ahead of Faust's handler.
+    same transaction: records published twice. Committing first (as Kafka
+    Streams does) makes state, offsets and outputs agree before any partition
+    moves. Faust forgets a revoked partition's acked offsets before its revoke
+    signal, so the commit runs here, ahead of Faust's own handler.
     """
     consumer: Any = app.consumer
     if getattr(consumer, "_agui_commits_before_revoking", False):
