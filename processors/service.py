@@ -550,13 +550,27 @@ def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
 
 
 def log_task_stacks() -> None:
-    """Log each asyncio task's waiting point: code locations only, never values."""
-    lines = []
-    for task in asyncio.all_tasks():
-        frames = " <- ".join(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:"
-                             f"{frame.f_lineno})" for frame in reversed(task.get_stack()))
-        lines.append(f"{task.get_name()}: {frames or 'not started'}")
-    log.warning("%d tasks:\n%s", len(lines), "\n".join(sorted(lines)))
+    """Log where each asyncio task waits: code locations only, never values."""
+    lines = sorted(f"{task.get_name()}: {await_path(task)}" for task in asyncio.all_tasks())
+    log.warning("%d tasks:\n%s", len(lines), "\n".join(lines))
+
+
+def await_path(task: asyncio.Task[Any]) -> str:
+    """The task's coroutine and, link by link, what it awaits (outermost first).
+
+    `Task.get_stack()` shows only the outermost coroutine; the place a stuck
+    task waits is at the end of its `cr_await` chain.
+    """
+    places: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+        if frame is None:
+            places.append(type(awaited).__name__)  # a future, or a finished coroutine
+            break
+        places.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+    return " -> ".join(places)
 
 
 def _input_partitions(app: faust.App, ticks: str) -> int:
