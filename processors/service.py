@@ -23,10 +23,11 @@ topic read by the same agent, so the sweep runs in the partition's own stream
 from __future__ import annotations
 
 import asyncio
+import gc
+import inspect
 import logging
 import os
 import re
-import signal
 import struct
 import time
 import traceback
@@ -391,11 +392,6 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         except Exception:
             log.warning("could not measure consumer lag", exc_info=True)
 
-    @app.task  # type: ignore[untyped-decorator]
-    async def answer_task_dumps() -> None:
-        """`kill -USR1 <worker>` logs where every task waits: for a worker that stalls."""
-        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, log_task_stacks)
-
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
         shell.forget_live()
@@ -559,18 +555,36 @@ def await_path(task: asyncio.Task[Any]) -> str:
     """The task's coroutine and, link by link, what it awaits (outermost first).
 
     `Task.get_stack()` shows only the outermost coroutine; the place a stuck
-    task waits is at the end of its `cr_await` chain.
+    task waits is at the end of its await chain.
     """
     places: list[str] = []
     awaited: Any = task.get_coro()
     while awaited is not None:
-        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+        frame = (getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+                 or getattr(awaited, "gi_frame", None))
         if frame is None:
-            places.append(type(awaited).__name__)  # a future, or a finished coroutine
-            break
+            inner = _driven_by(awaited)
+            if inner is None:
+                places.append(type(awaited).__name__)  # a future, or a finished coroutine
+                break
+            awaited = inner
+            continue
         places.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
-        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+        awaited = (getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
+                   or getattr(awaited, "gi_yieldfrom", None))
     return " -> ".join(places)
+
+
+def _driven_by(awaitable: Any) -> Any:
+    """The coroutine or generator an await wrapper drives (`__await__()` of a
+    coroutine, an async generator's `asend`), which no public attribute names."""
+    if isinstance(awaitable, asyncio.Future) or type(awaitable).__name__ == "FutureIter":
+        return None
+    for referent in gc.get_referents(awaitable):
+        if (inspect.iscoroutine(referent) or inspect.isasyncgen(referent)
+                or inspect.isgenerator(referent)):
+            return referent
+    return None
 
 
 def _input_partitions(app: faust.App, ticks: str) -> int:

@@ -7,6 +7,7 @@ import logging
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -55,6 +56,26 @@ def run_create_topics() -> int:
     return 0
 
 
+def _worker_class(base: type[Any]) -> type[Any]:
+    """Faust's worker with signal handlers that cannot leak reasoning or hang.
+
+    mode's worker answers SIGUSR1 by writing every thread's stack with each
+    frame's local variables (record values, reasoning text) and SIGUSR2 by
+    starting pdb on a terminal-less process. Here SIGUSR1 logs where each task
+    waits (code locations only) and SIGUSR2 is ignored.
+    """
+    from processors.service import log_task_stacks
+
+    class SignalSafeWorker(base):  # type: ignore[misc]
+        def _on_sigusr1(self) -> None:
+            log_task_stacks()
+
+        def _on_sigusr2(self) -> None:
+            log.warning("SIGUSR2 ignored: it would start a debugger")
+
+    return SignalSafeWorker
+
+
 def run_worker() -> int:
     """Run one worker until SIGINT/SIGTERM."""
     settings = load_settings()
@@ -82,8 +103,8 @@ def run_worker() -> int:
         shutil.rmtree(app.conf.tabledir, ignore_errors=True)
     running.parent.mkdir(parents=True, exist_ok=True)
     running.touch()
-    worker = faust.Worker(app, loglevel=settings.log_level, quiet=True,
-                          redirect_stdouts=False)
+    worker = _worker_class(faust.Worker)(app, loglevel=settings.log_level, quiet=True,
+                                         redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
     except SystemExit as exit_:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
+import signal
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -172,3 +174,33 @@ def test_idle_runs_are_abandoned_and_their_state_freed(
     assert counter_value(metrics, "agui_encrypted_content_lost_total", "run_abandoned") == 1
     assert counter_value(metrics, "agui_run_failures_total", "run_abandoned") == 1
     assert closing(history)[0]["runId"] == "again"
+
+
+def test_signals_log_where_tasks_wait_and_never_reasoning(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """SIGUSR1 logs code locations (mode's default dumped every frame's locals);
+    SIGUSR2 neither stops the worker nor starts a debugger."""
+    secret = "reasoning-SECRET-" + "Z" * 40
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    worker = Worker(namespace, tmp_path).start()
+    try:
+        open_run = [dumps({"type": "RUN_STARTED", "threadId": "t", "runId": "r"}),
+                    *(dumps(e) for e in reasoning("rm", secret)[:2])]  # held, never finished
+        produce(kafka_bootstrap, namespace.events, [(b"k", value, []) for value in open_run])
+        wait_for(lambda: worker.processed() >= len(open_run), 60, "the open run's records",
+                 worker.log_tail)
+        assert worker.process is not None
+        os.kill(worker.process.pid, signal.SIGUSR1)
+        wait_for(lambda: " tasks:" in worker.log_path.read_text(), 30, "the task dump",
+                 worker.log_tail)
+        os.kill(worker.process.pid, signal.SIGUSR2)
+        wait_for(lambda: "SIGUSR2 ignored" in worker.log_path.read_text(), 30,
+                 "SIGUSR2 to be ignored", worker.log_tail)
+        assert worker.processed() >= len(open_run)  # still serving /metrics
+        log = worker.log_path.read_text()
+        assert "processors/service.py" in log  # the agent's await path is in the dump
+        assert secret not in log
+    finally:
+        worker.stop()
