@@ -70,7 +70,7 @@ def closing_count(records: list[Consumed]) -> int:
 
 ROCKSDB_KILL = pytest.mark.skipif(
     os.environ.get("AGUI_TEST_ROCKSDB_KILL") != "1",
-    reason="opt-in (AGUI_TEST_ROCKSDB_KILL=1): passed 3 of 4 runs after the recovery fix;"
+    reason="opt-in (AGUI_TEST_ROCKSDB_KILL=1): passed 6 of 7 runs after the recovery fix;"
     " the other stalled after its 4th restart (cause not found); see README 'Tests'",
 )
 
