@@ -312,9 +312,7 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
     @app.agent(source)
     async def process(stream: Any) -> None:
         if app.in_transaction:
-            commit_whole_records(app, record_boundary)
-            commit_before_revoking(app)
-            recover_up_to_the_committed_end(app)
+            adapt_exactly_once(app, record_boundary)
         async for event in stream.events():
             async with record_boundary:
                 clock = time.perf_counter()
@@ -385,7 +383,7 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
             committed = getattr(consumer, "_committed_offset", {})
             for tp in consumer.assignment():
                 end = consumer.highwater(tp)
-                if tp.topic == ticks or tp.topic in app.tables.changelog_topics or end is None:
+                if not _is_input(app, ticks, tp.topic) or end is None:
                     continue  # internal, or not fetched yet
                 lag = max(0, end - (committed.get(tp) or 0))
                 metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
@@ -473,6 +471,18 @@ async def stop_producers_of_lost_partitions(app: faust.App, assigned: Any,
     ever_owned.update(owned)
 
 
+def adapt_exactly_once(app: faust.App, record_boundary: asyncio.Lock) -> None:
+    """Work around Faust's exactly_once gaps, once per consumer (an agent that
+    Faust restarts calls this again)."""
+    consumer: Any = app.consumer
+    if getattr(consumer, "_agui_adapted", False):
+        return
+    commit_whole_records(app, record_boundary)
+    commit_before_revoking(app)
+    recover_up_to_the_committed_end(app)
+    consumer._agui_adapted = True
+
+
 def commit_before_revoking(app: faust.App) -> None:
     """Commit every partition's transaction before a rebalance takes partitions away.
 
@@ -484,8 +494,6 @@ def commit_before_revoking(app: faust.App) -> None:
     signal, so the commit runs here, ahead of Faust's own handler.
     """
     consumer: Any = app.consumer
-    if getattr(consumer, "_agui_commits_before_revoking", False):
-        return
     on_partitions_revoked = consumer.on_partitions_revoked
 
     async def commit_then_revoke(revoked: Any) -> None:
@@ -493,7 +501,6 @@ def commit_before_revoking(app: faust.App) -> None:
         await on_partitions_revoked(revoked)
 
     consumer.on_partitions_revoked = commit_then_revoke
-    consumer._agui_commits_before_revoking = True
 
 
 def recover_up_to_the_committed_end(app: faust.App) -> None:
@@ -508,14 +515,11 @@ def recover_up_to_the_committed_end(app: faust.App) -> None:
     the last stable offset.
     """
     thread: Any = app.consumer._thread  # type: ignore[attr-defined]
-    if getattr(thread, "_agui_committed_end", False):
-        return
 
     async def committed_ends(partitions: list[TP]) -> Any:
         return await thread._ensure_consumer().end_offsets(partitions)
 
     thread._highwaters = committed_ends
-    thread._agui_committed_end = True
 
 
 def _transactional_id(app: faust.App, topic: str, partition: int) -> str:
@@ -533,8 +537,6 @@ def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
     The commit now waits until the record in progress is sent and acked.
     """
     consumer: Any = app.consumer  # force_commit is the concrete Consumer's
-    if getattr(consumer, "_agui_whole_records", False):
-        return
     force_commit = consumer.force_commit
 
     async def commit_after_record(*args: Any, **kwargs: Any) -> bool:
@@ -542,7 +544,6 @@ def commit_whole_records(app: faust.App, record_boundary: asyncio.Lock) -> None:
             return bool(await force_commit(*args, **kwargs))
 
     consumer.force_commit = commit_after_record
-    consumer._agui_whole_records = True
 
 
 def log_task_stacks() -> None:
@@ -590,11 +591,14 @@ def _driven_by(awaitable: Any) -> Any:
 def _input_partitions(app: faust.App, ticks: str) -> int:
     """How many input partitions this worker owns now (0 before it joined the group)."""
     try:
-        changelogs = app.tables.changelog_topics
-        return sum(tp.topic != ticks and tp.topic not in changelogs
-                   for tp in app.consumer.assignment())
+        return sum(_is_input(app, ticks, tp.topic) for tp in app.consumer.assignment())
     except Exception:  # no consumer yet: starting
         return 0
+
+
+def _is_input(app: faust.App, ticks: str, topic: str) -> bool:
+    """A raw event topic: neither the idle-ticks topic nor a table changelog."""
+    return topic != ticks and topic not in app.tables.changelog_topics
 
 
 def _header_list(headers: Any) -> list[tuple[str, bytes]]:
