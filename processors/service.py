@@ -327,14 +327,17 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
                     sent = shell.sweep(message.partition, _tick_time(record.value), record)
                 else:
                     sent = shell.handle(record, time.time())
+                # Once per record, not per send: Faust's group lookup is not free.
+                transaction = (_transactional_id(app, message.topic, message.partition)
+                               if app.in_transaction else None)
                 try:
                     for item in sent:
                         await send(item.topic, item.key, item.value, item.headers, None,
-                                   message)
+                                   transaction)
                     for table in tables:
                         for partition, key, value in table.unsent:
                             delivery = await send(table.changelog_topic.get_topic_name(), key,
-                                                  value, None, partition, message)
+                                                  value, None, partition, transaction)
                             delivery.add_done_callback(table.on_delivered)
                         table.unsent.clear()
                 except Exception:
@@ -347,22 +350,19 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
 
     async def send(topic: str, key: bytes, value: bytes | None,
                    headers: list[tuple[str, bytes]] | None, partition: int | None,
-                   source: Any) -> Any:
+                   transaction: str | None) -> Any:
         """Enqueue a record; it commits with the source record's offset.
 
         Faust's TransactionManager would pick the transaction by the *output*
         record's partition, so an output keyed differently from its input
         (history is keyed by thread) would commit apart from the input
         offset. Every record a source record causes goes in the source
-        partition's transaction instead.
+        partition's transaction (`transaction`, None without exactly_once).
         """
-        if not app.in_transaction:
+        if transaction is None:
             return await producer.send(topic, key, value, partition, None, headers)
-        return await send_in_transaction(
-            app.consumer.transactions.producer,
-            _transactional_id(app, source.topic, source.partition),
-            topic, key, value, partition, headers,
-        )
+        return await send_in_transaction(app.consumer.transactions.producer, transaction,
+                                         topic, key, value, partition, headers)
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4))  # type: ignore[untyped-decorator]
     async def tick_own_partitions() -> None:
