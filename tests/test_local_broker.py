@@ -27,8 +27,12 @@ async def create_topic(bootstrap: str, partitions: int) -> str:
         await admin.create_topics(
             [NewTopic(name=name, num_partitions=partitions, replication_factor=1)]
         )
-        listed = await admin.list_topics()
-        assert name in listed
+        # Topic metadata reaches the broker's cache shortly after creation
+        # (KRaft): wait for it to be listed, bounded by run()'s deadline.
+        delay = 0.05
+        while name not in await admin.list_topics():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
     finally:
         await admin.close()
     return name
