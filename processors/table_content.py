@@ -50,7 +50,11 @@ class TableContentStore:
             topic = stored[_PROGRESS_VALUE.size:].decode()
             self._applied = Source(topic, partition, offset)
 
+    def fragments(self, slot: int) -> SlotFragments:
+        return SlotFragments(self, slot)
+
     def append(self, slot: int, text: str) -> None:
+        """Write the next fragment of `slot`: one table entry."""
         self._table[self._prefix + _FRAGMENT + _NUMBER.pack(self._count)] = (
             _SLOT.pack(slot) + text.encode("utf-8", "surrogatepass")
         )
@@ -88,3 +92,16 @@ class TableContentStore:
         self.clear()
         self._table.pop(self._prefix + _PROGRESS, None)
         self._applied = None
+
+
+class SlotFragments:
+    """One slot's fragments in a `TableContentStore` (each append is a table entry)."""
+
+    __slots__ = ("_slot", "_store")
+
+    def __init__(self, store: TableContentStore, slot: int) -> None:
+        self._store = store
+        self._slot = slot
+
+    def append(self, text: str, /) -> None:
+        self._store.append(self._slot, text)

@@ -596,6 +596,17 @@ def test_abandon_fails_run_and_loses_held_values() -> None:
     assert replay.discarded == 1 and replay.concluded[0].outcome.value == "finished"
 
 
+def test_delta_after_abandon_is_discarded() -> None:
+    # The engine keeps where a key's bare deltas stream to; abandoning drops it.
+    engine = KeyEngine()
+    play(run_started(), r_start("m"), r_content("m", "a"), r_content("m", "b"), engine=engine)
+    engine.abandon()
+    replay = play(r_content("m", "c"), run_started("r2"), *reasoning("m", "d"),
+                  run_finished("r2"), engine=engine)
+    assert replay.discarded == 1
+    assert replay.messages == [{"id": "m", "role": "reasoning", "content": "d"}]
+
+
 def test_abandon_without_run_decides_nothing() -> None:
     engine = KeyEngine()
     assert not engine.abandon().decisions

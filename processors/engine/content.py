@@ -13,11 +13,19 @@ from collections import defaultdict
 from typing import Protocol
 
 
+class Fragments(Protocol):
+    """The fragments of one slot's text, in order."""
+
+    def append(self, text: str, /) -> None:
+        """Add the next fragment."""
+
+
 class ContentStore(Protocol):
     """The text of the active run of one key, by slot."""
 
-    def append(self, slot: int, text: str) -> None:
-        """Add the next fragment of `slot`'s text."""
+    def fragments(self, slot: int) -> Fragments:
+        """Where `slot`'s next fragments go. The engine keeps it while the key's
+        records are bare deltas to this slot, and drops it at any other record."""
 
     def texts(self) -> dict[int, str]:
         """Each slot's fragments concatenated in order."""
@@ -34,8 +42,8 @@ class InMemoryContentStore:
     def __init__(self) -> None:
         self._parts: defaultdict[int, list[str]] = defaultdict(list)
 
-    def append(self, slot: int, text: str) -> None:
-        self._parts[slot].append(text)
+    def fragments(self, slot: int) -> list[str]:
+        return self._parts[slot]
 
     def texts(self) -> dict[int, str]:
         return {slot: "".join(parts) for slot, parts in self._parts.items()}

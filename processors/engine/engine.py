@@ -15,7 +15,7 @@ import orjson
 
 from processors.engine import history
 from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
-from processors.engine.content import ContentStore, InMemoryContentStore
+from processors.engine.content import ContentStore, Fragments, InMemoryContentStore
 from processors.engine.decisions import (
     Concluded,
     Decision,
@@ -163,13 +163,24 @@ class KeyEngine:
 
     # Slots keep the attributes inside the object: one cache line less to
     # fetch per record when a service interleaves thousands of keys.
-    __slots__ = ("_findings", "_out", "content", "state")
+    __slots__ = ("_findings", "_hot_field", "_hot_fragments", "_hot_id", "_hot_kind", "_hot_size",
+                 "_out", "content", "state")
 
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []  # the current record's decisions; `_step` empties it
         self._findings = Findings()
+        # The hot slot: after a bare delta, where the same bare delta goes next
+        # (its _FAST_DELTAS entry, record size, id field and value, fragments),
+        # so that a key streaming into one message touches only this object
+        # and the fragments. Any other record drops it (`_hot_kind = None`);
+        # the other `_hot_*` are set whenever `_hot_kind` is.
+        self._hot_kind: tuple[str, str] | ChunkKind | None = None
+        self._hot_size: int
+        self._hot_field: str | None
+        self._hot_id: str | None
+        self._hot_fragments: Fragments
 
     # --- entry points ---------------------------------------------------------
 
@@ -183,9 +194,21 @@ class KeyEngine:
         if type(event_type) is not str:
             self._undecodable()
             return _step("undecodable", self._out)
+        fast = _FAST_DELTAS.get(event_type)
+        hot = self._hot_kind
+        if hot is not None:
+            # The same bare delta as the key's last record, to the same item:
+            # nothing else was applied since, so it cannot fail or close anything.
+            if fast is hot and len(event) == self._hot_size:
+                field = self._hot_field
+                delta = event.get("delta")
+                if type(delta) is str and (field is None or event.get(field) == self._hot_id):
+                    if delta:
+                        self._hot_fragments.append(delta)
+                    return _QUIET_STEPS[event_type]
+            self._hot_kind = None
         run = self.state.run
         if run is not None:
-            fast = _FAST_DELTAS.get(event_type)
             if fast is not None and self._took_bare_delta(run, fast, event):
                 return _QUIET_STEPS[event_type]
             path = _FAST_PATHS.get(event_type)
@@ -246,6 +269,8 @@ class KeyEngine:
                     or item_id not in run.open[namespace] or None in run.lanes):
                 return False
             kind = _TOOL if namespace == "tool" else None
+            id_field: str | None = id_key
+            hot_id: str | None = item_id
         else:
             kind = fast
             delta = event.get("delta")
@@ -253,24 +278,34 @@ class KeyEngine:
                 return False
             size = len(event)
             if size == 2:
+                id_field = hot_id = None
                 pending = run.lanes.get(None)
             elif size == 3:
                 tag = event.get("subagentRunId")
                 pending = run.lanes.get(tag) if type(tag) is str else None
+                id_field, hot_id = "subagentRunId", tag
             else:
                 return False
             if pending is None or pending[0] is not kind:
                 return False
             item_id = pending[1]
-        if delta:
-            if kind is _TOOL:
-                self._append_args(run, item_id, delta, None)
-                return True
+        if kind is _TOOL:
+            call = self._tool_call(run, item_id)
+            if call is None or (not delta and call.args_slot is None):
+                return True  # nothing to keep (as `_append_args`)
+            fragments = self.content.fragments(_args_slot(run, call))
+        else:
             record = run.messages[item_id]
-            if record.content_slot is None:
-                self._append_text(run, record, delta)  # the message's first text
-            else:
-                self.content.append(record.content_slot, delta)  # no call to set up
+            if not delta and record.content_slot is None:
+                return True
+            fragments = self.content.fragments(_text_slot(run, record))
+        if delta:
+            fragments.append(delta)
+        self._hot_kind = fast
+        self._hot_size = len(event)
+        self._hot_field = id_field
+        self._hot_id = hot_id
+        self._hot_fragments = fragments
         return True
 
     def _took_bare_boundary(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
@@ -328,13 +363,6 @@ class KeyEngine:
                 and type(event.get("entityId")) is str
                 and type(event.get("encryptedValue")) is str
                 and self._held_encrypted(run, event))
-
-    def _append_text(self, run: RunState, record: MessageRecord, delta: str) -> None:
-        slot = record.content_slot
-        if slot is None:
-            slot = record.content_slot = run.next_slot
-            run.next_slot += 1
-        self.content.append(slot, delta)
 
     def abandon(self) -> Step:
         """The caller's idle timeout expired: the active run fails `run_abandoned`."""
@@ -475,6 +503,7 @@ class KeyEngine:
         if run is not None:
             self.content.clear()
         self.state.run = None
+        self._hot_kind = None
 
     def _fail(self, code: FailureCode, reason: str,
               loss: LossReason = LossReason.RUN_FAILED) -> None:
@@ -729,7 +758,7 @@ class KeyEngine:
     ) -> None:
         record = run.messages[message_id]
         if delta:
-            self._append_text(run, record, delta)
+            self.content.fragments(_text_slot(run, record)).append(delta)
         if metadata is not None:
             record.metadata = _merged(record.metadata, metadata)
 
@@ -790,10 +819,7 @@ class KeyEngine:
         if call is None:
             return
         if delta:
-            if call.args_slot is None:
-                call.args_slot = run.next_slot
-                run.next_slot += 1
-            self.content.append(call.args_slot, delta)
+            self.content.fragments(_args_slot(run, call)).append(delta)
         if metadata is not None:
             call.metadata = _merged(call.metadata, metadata)
 
@@ -930,6 +956,22 @@ _HANDLERS: Final[dict[str, Callable[[KeyEngine, RunState, dict[str, Any]], None]
     "RAW": _ignore,
     "CUSTOM": _ignore,
 }
+
+
+def _text_slot(run: RunState, record: MessageRecord) -> int:
+    """The content slot of the message's streamed text, allocated at its first delta."""
+    if record.content_slot is None:
+        record.content_slot = run.next_slot
+        run.next_slot += 1
+    return record.content_slot
+
+
+def _args_slot(run: RunState, call: ToolCallRecord) -> int:
+    """The content slot of the tool call's streamed arguments, allocated at their first delta."""
+    if call.args_slot is None:
+        call.args_slot = run.next_slot
+        run.next_slot += 1
+    return call.args_slot
 
 
 def _merged(current: dict[str, Any] | None, update: dict[str, Any]) -> dict[str, Any]:
