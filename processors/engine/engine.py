@@ -311,18 +311,28 @@ class KeyEngine:
     def _took_bare_boundary(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
         """The fast path for a bare `{type, id}` start of a span or step, or end of an item.
 
-        Takes it only when it cannot fail (a start of an id not open, an end
-        of an open one) and the parent lane has no pending chunk item (the
-        general path would close it first). Anything else takes the general
-        path, which decides the same way (tests/test_properties.py proves it).
+        Takes it only when it cannot fail: a start of an id not open, an end
+        of an open one, after closing the parent lane's pending chunk item as
+        the general path does first (only when that item is open and is not
+        the id itself). Anything else takes the general path, which decides
+        the same way (tests/test_properties.py proves it).
         """
         id_key, namespace, opens = _FAST_BOUNDARIES[event_type]
         item_id = event.get(id_key)
-        if len(event) != 2 or type(item_id) is not str or None in run.lanes:
+        if len(event) != 2 or type(item_id) is not str:
             return False
         opened = run.open[namespace]
+        pending = run.lanes.get(None)
+        if pending is not None:
+            kind, pending_id = pending
+            pending_open = run.open["tool" if kind is _TOOL else kind.value]
+            if pending_id not in pending_open or (pending_open is opened and pending_id == item_id):
+                return False
         if (item_id in opened) is opens:
             return False
+        if pending is not None:
+            del run.lanes[None]
+            del pending_open[pending_id]  # the synthesized END of the pending item
         if opens:
             self._open(run, namespace, item_id, None)
         else:
