@@ -71,7 +71,8 @@ class Namespace:
             "AGUI_DEADLETTER_TOPIC": self.deadletter,
             "AGUI_PARTITIONS": str(self.partitions),
             "AGUI_STORE": "memory://",
-            "AGUI_LOG_LEVEL": "warning",
+            # AGUI_TEST_LOG_LEVEL=info keeps the workers' rebalance and recovery steps
+            "AGUI_LOG_LEVEL": os.environ.get("AGUI_TEST_LOG_LEVEL", "warning"),
         }
         env.update(overrides)
         return env
