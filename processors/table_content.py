@@ -36,6 +36,10 @@ class Source:
     offset: int
 
 
+class FragmentConflict(RuntimeError):
+    """A fragment number to be written is already taken (inconsistent stored state)."""
+
+
 class TableContentStore:
     __slots__ = ("_applied", "_count", "_prefix", "_table")
 
@@ -54,16 +58,25 @@ class TableContentStore:
         return SlotFragments(self, slot)
 
     def append(self, slot: int, text: str) -> None:
-        """Write the next fragment of `slot`: one table entry."""
-        self._table[self._prefix + _FRAGMENT + _NUMBER.pack(self._count)] = (
-            _SLOT.pack(slot) + text.encode("utf-8", "surrogatepass")
-        )
+        """Write the next fragment of `slot`: one table entry.
+
+        A run's fragments are numbered from 0 and all removed when it
+        concludes, so the next number is never stored yet. If it is, the
+        progress entry is behind the fragments (the state came back
+        inconsistent) and writing would overwrite text: fail instead.
+        """
+        key = self._fragment_key(self._count)
+        if key in self._table:
+            raise FragmentConflict(
+                f"fragment {self._count} of the key's run is already stored:"
+                " the key's progress entry is behind its fragments")
+        self._table[key] = _SLOT.pack(slot) + text.encode("utf-8", "surrogatepass")
         self._count += 1
 
     def texts(self) -> dict[int, str]:
         parts: dict[int, list[bytes]] = {}
         for index in range(self._count):
-            entry = self._table[self._prefix + _FRAGMENT + _NUMBER.pack(index)]
+            entry = self._table[self._fragment_key(index)]
             parts.setdefault(_SLOT.unpack_from(entry)[0], []).append(entry[_SLOT.size:])
         return {
             slot: b"".join(chunks).decode("utf-8", "surrogatepass")
@@ -71,9 +84,15 @@ class TableContentStore:
         }
 
     def clear(self) -> None:
-        for index in range(self._count):
-            self._table.pop(self._prefix + _FRAGMENT + _NUMBER.pack(index), None)
+        index = 0
+        # Past the count too: fragments a stale count did not cover (FragmentConflict).
+        while index < self._count or self._fragment_key(index) in self._table:
+            self._table.pop(self._fragment_key(index), None)
+            index += 1
         self._count = 0
+
+    def _fragment_key(self, index: int) -> bytes:
+        return self._prefix + _FRAGMENT + _NUMBER.pack(index)
 
     def already_applied(self, source: Source) -> bool:
         applied = self._applied
