@@ -312,7 +312,6 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
         )
     else:
         source = app.topic(*settings.input_topics, ticks, **raw)
-    ticks_topic = app.topic(ticks, **raw)
     # key_type/value_type bytes is what makes Faust use the raw codec for the
     # changelog in both directions (a schema alone leaves recovery on JSON).
     tables: list[RecordScopedTable] = [
@@ -389,12 +388,18 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4))  # type: ignore[untyped-decorator]
     async def tick_own_partitions() -> None:
-        """Wake the idle sweep of every partition this worker owns."""
+        """Wake the idle sweep of every partition this worker owns.
+
+        Ticks are sent outside any transaction. In one, a tick became visible
+        only at the next commit, and with no input there was none: the
+        transaction timed out (its producer fenced, the next record's sends
+        failed) and idle runs were never abandoned. A tick carries only a time.
+        """
         try:
             now = str(time.time()).encode()
             for tp in app.consumer.assignment():
                 if tp.topic == ticks:
-                    await ticks_topic.send(value=now, partition=tp.partition)
+                    await send(ticks, b"", now, None, tp.partition, None)
         except Exception:  # an exception in a Faust timer would crash the worker
             log.warning("could not send idle ticks", exc_info=True)
 

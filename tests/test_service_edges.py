@@ -147,15 +147,19 @@ def test_tenants_with_the_same_run_key_never_see_each_other(
     assert sorted(r["outcome"] for r in closing(history)) == ["finished"] * 3
 
 
+# Ticks come every idle timeout / 4. At 16 s they are sparser than the commits
+# (every 2.8 s): a tick sent inside a transaction was never committed once the
+# input stopped, so the run was never abandoned (and the transaction timed out).
+@pytest.mark.parametrize("idle_timeout", ["2", "16"])
 def test_idle_runs_are_abandoned_and_their_state_freed(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, idle_timeout: str
 ) -> None:
     namespace = Namespace(kafka_bootstrap)
     namespace.create_topics()
     never_finished = run_events("t", "stuck", *reasoning("rm", "thinking"),
                                 encrypted("rm", "enc-held"))[:-1]
     produce(kafka_bootstrap, namespace.events, [(b"stuck", e, []) for e in never_finished])
-    worker = Worker(namespace, tmp_path, AGUI_IDLE_TIMEOUT_SECONDS="2").start()
+    worker = Worker(namespace, tmp_path, AGUI_IDLE_TIMEOUT_SECONDS=idle_timeout).start()
     try:
         dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
             lambda recs: any(r.value["code"] == "run_abandoned" for r in recs), 120,
