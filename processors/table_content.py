@@ -85,9 +85,9 @@ class TableContentStore:
 
     def clear(self) -> None:
         index = 0
-        # Past the count too: fragments a stale count did not cover (FragmentConflict).
-        while index < self._count or self._fragment_key(index) in self._table:
-            self._table.pop(self._fragment_key(index), None)
+        # Past the count too, up to the first gap: fragments a stale count did
+        # not cover (FragmentConflict).
+        while self._table.pop(self._fragment_key(index), None) is not None or index < self._count:
             index += 1
         self._count = 0
 
