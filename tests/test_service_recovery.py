@@ -70,8 +70,8 @@ def closing_count(records: list[Consumed]) -> int:
 
 ROCKSDB_KILL = pytest.mark.skipif(
     os.environ.get("AGUI_TEST_ROCKSDB_KILL") != "1",
-    reason="opt-in (AGUI_TEST_ROCKSDB_KILL=1): passed 6 of 7 runs after the recovery fix;"
-    " the other stalled after its 4th restart (cause not found); see README 'Tests'",
+    reason="opt-in (AGUI_TEST_ROCKSDB_KILL=1, about 2 min): 2 of 2 passed after the"
+    " flow-control and idle-tick fixes (6 of 7 before them); see README 'Tests'",
 )
 
 
@@ -109,9 +109,8 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
 
 @pytest.mark.skipif(
     os.environ.get("AGUI_TEST_REBALANCE") != "1",
-    reason="opt-in (AGUI_TEST_REBALANCE=1): passed 4 of 5 runs after the recovery fix; in the"
-    " other, runs on a partition that came back failed (open_at_finish, tool_call_not_open)"
-    " and two partitions stopped progressing; see README 'Known limits'",
+    reason="opt-in (AGUI_TEST_REBALANCE=1, about 50 s): 3 of 3 passed after the flow-control"
+    " and idle-tick fixes (4 of 5 before them); see README 'Known limits'",
 )
 def test_second_worker_joining_and_leaving_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path
