@@ -48,7 +48,7 @@ from processors.kafka_client import faust_credentials
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.table_content import Source, TableContentStore
-from topics.declarations import idle_ticks_topic
+from topics.declarations import TABLE_NAMES, idle_ticks_topic
 
 log = logging.getLogger("agui_stream")
 
@@ -319,7 +319,7 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
             app, name=name, beacon=app.tables.beacon, partitions=settings.partitions,
             key_type=bytes, value_type=bytes,
         )
-        for name in ("run-state", "run-text")
+        for name in TABLE_NAMES
     ]
     for table in tables:
         app.tables.add(table)

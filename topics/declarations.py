@@ -2,8 +2,10 @@
 
 Raw topics belong to the producers; the service creates them only when asked
 (`agui-stream create-topics`, the demo, tests). Output topics are plain
-delete-retention logs; the run-state changelogs are created by Faust itself,
-compacted.
+delete-retention logs. The tables' changelogs are compacted; the worker creates
+them before Faust starts (Faust would create them itself, but on a fresh
+cluster its first assignment could miss a changelog created a moment earlier,
+and every write to that table then failed until the next rebalance).
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     configs: dict[str, str] = field(default_factory=dict)
+
+
+# The service's Faust tables (processors.service), each with a changelog topic.
+TABLE_NAMES = ("run-state", "run-text")
+
+
+def changelog_topic(app_id: str, table: str) -> str:
+    """The changelog Faust keeps for `table` (its own naming)."""
+    return f"{app_id}-{table}-changelog"
 
 
 def idle_ticks_topic(app_id: str) -> str:
@@ -50,6 +61,9 @@ def service_topics(
                   {"retention.ms": str(14 * DAY_MS), **sized}),
         TopicSpec(idle_ticks_topic(app_id), partitions, replication_factor,
                   {"retention.ms": str(3_600_000)}),
+        *(TopicSpec(changelog_topic(app_id, table), partitions, replication_factor,
+                    {"cleanup.policy": "compact", **sized})
+          for table in TABLE_NAMES),
     ]
 
 
