@@ -345,14 +345,16 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
                     message.key or b"", message.value or b"",
                     _header_list(message.headers),
                 )
-                if message.topic == ticks:
-                    sent = shell.sweep(message.partition, _tick_time(record.value), record)
-                else:
-                    sent = shell.handle(record, time.time())
                 # Once per record, not per send: Faust's group lookup is not free.
                 transaction = (_transactional_id(app, message.topic, message.partition)
                                if app.in_transaction else None)
                 try:
+                    # The shell turns a record's errors into dead letters; an exception
+                    # out of it means the tables failed, and Faust would drop the record.
+                    if message.topic == ticks:
+                        sent = shell.sweep(message.partition, _tick_time(record.value), record)
+                    else:
+                        sent = shell.handle(record, time.time())
                     for item in sent:
                         await send(item.topic, item.key, item.value, item.headers, None,
                                    transaction)
@@ -444,16 +446,16 @@ def create_app(settings: Settings, metrics: Metrics) -> faust.App:
 
 
 def stop_without_commit(message: Any) -> NoReturn:
-    """Exit at once: what `message` produced could not all be sent.
+    """Exit at once: `message` could not be applied, or what it produced not all sent.
 
     Faust would ack the record and go on without its outputs (and, on a
     graceful stop, commit past it). Exiting without a commit is what a kill -9
     does, which the recovery test proves safe: the open transactions abort and
     the restarted worker processes the record again from the last commit.
     """
-    log.critical("could not send what %s[%d]@%d produced; exiting without a commit so that "
-                 "it is processed again after a restart", message.topic, message.partition,
-                 message.offset, exc_info=True)
+    log.critical("could not apply %s[%d]@%d or send what it produced; exiting without a"
+                 " commit so that it is processed again after a restart", message.topic,
+                 message.partition, message.offset, exc_info=True)
     logging.shutdown()
     os._exit(EXIT_UNSENT)
 
