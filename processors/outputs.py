@@ -9,6 +9,7 @@ large for the sink is `not_storable` (a warning and a loss per value on it).
 from __future__ import annotations
 
 import base64
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from topics.records import (
 )
 
 Headers = list[tuple[str, bytes]]
+log = logging.getLogger("agui_stream")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +140,9 @@ class OutputBuilder:
 
     def _dead_letter(self, kind: str, code: str, reason: str, run: RunIdentity | None,
                      record: Incoming, tenant: str, include_event: bool = True) -> Outgoing:
+        """The dead letter of `record`. Never raises: if the event copy cannot be
+        built, the record still gets a minimal one (code, reason, tenant, source)."""
         self.metrics.deadletter_records.labels(kind).inc()
-        event, raw = (_offending(record.value) if include_event else (None, None))
         source = SourceCoordinates(topic=record.topic, partition=record.partition,
                                    offset=record.offset, timestamp=record.timestamp)
         fields: dict[str, Any] = {
@@ -147,7 +150,14 @@ class OutputBuilder:
             "threadId": None if run is None else run.thread_id,
             "runId": None if run is None else run.run_id,
         }
-        value = DeadLetter(**fields, event=event, raw=raw).to_bytes()
+        try:
+            event, raw = (_offending(record.value) if include_event else (None, None))
+            value = DeadLetter(**fields, event=event, raw=raw).to_bytes()
+        except Exception as error:
+            # Log the kind of error only: its message could quote the event.
+            log.error("could not copy the event into its dead letter (%s); sent without it",
+                      type(error).__name__)
+            value = DeadLetter(**fields).to_bytes()
         if len(value) + len(record.key) > self.max_record_bytes:
             value = DeadLetter(**fields, truncated=True).to_bytes()
         headers: Headers = [

@@ -83,8 +83,15 @@ def run_worker() -> int:
         return 2
     import faust  # Faust is imported only by the commands that run it.
 
+    from processors.faust_adaptations import UncheckedVersion, check_versions
     from processors.metrics import Metrics
     from processors.service import create_app
+
+    try:
+        check_versions()
+    except UncheckedVersion as error:
+        sys.stderr.write(f"agui-stream: {error}\n")
+        return 2
 
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

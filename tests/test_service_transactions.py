@@ -15,7 +15,7 @@ import faust
 import pytest
 from aiokafka.errors import IllegalOperation
 
-from processors.service import send_in_transaction
+from processors.faust_adaptations import send_in_transaction
 from tests.service_harness import TopicReader, create_topic
 
 
@@ -47,7 +47,9 @@ def test_a_send_between_transactions_begins_one_and_commits(kafka_bootstrap: str
     create_topic(kafka_bootstrap, topic, 1)
     asyncio.run(_send_between_transactions(kafka_bootstrap, topic, repair=True))
     reader = TopicReader(kafka_bootstrap, topic, partitions=1)
-    records = reader.poll()
+    # The broker writes the commit markers after answering EndTxn: the record
+    # becomes readable (read_committed) a moment after the commit returns.
+    records = reader.wait_until(lambda recs: len(recs) > 0, 30, "the committed record")
     assert [(r.key, r.value, r.headers) for r in records] == [(b"key", {}, {"h": b"1"})]
 
 

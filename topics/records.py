@@ -79,8 +79,11 @@ def redact_event(event: Any) -> Any:
     """A copy of a decoded event without encrypted values or reasoning text."""
     if isinstance(event, dict):
         redacted: dict[str, Any] = {}
+        # type and role may be any JSON value in a malformed event (a list is unhashable).
+        event_type, role = event.get("type"), event.get("role")
         reasoning_text = (
-            event.get("type") in _REASONING_TEXT_EVENTS or event.get("role") == "reasoning"
+            (type(event_type) is str and event_type in _REASONING_TEXT_EVENTS)
+            or role == "reasoning"
         )
         for key, value in event.items():
             if isinstance(value, str) and (

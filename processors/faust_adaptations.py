@@ -1,0 +1,173 @@
+"""Every change the worker makes to Faust, in one place, applied when the app is built.
+
+Faust's `exactly_once` is marked experimental, and as shipped it did not hold
+(the recovery tests found duplicates, lost state and stuck workers). Each
+adaptation below is made through a Faust seam (a subclass Faust instantiates:
+App, Transport, Consumer, consumer thread, flow control) and says in one line
+what Faust does, what we do instead, and which test proves it. The incidents
+that found them are told in docs/faust-adaptations.md.
+
+They were written against the versions in `CHECKED_VERSIONS`; `check_versions`
+refuses to start a worker on any other, since an upgrade that renames one
+private attribute would silently disable a guarantee.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import aiokafka
+import faust
+from aiokafka.errors import IllegalOperation
+from faust.transport.consumer import TopicPartitionGroup, TransactionManager
+from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+from mode.utils.queues import FlowControlEvent
+
+log = logging.getLogger("agui_stream")
+
+# The versions every adaptation here was checked against (pyproject pins them).
+CHECKED_VERSIONS: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+
+
+class UncheckedVersion(RuntimeError):
+    """An installed Faust or aiokafka differs from the one the adaptations were checked on."""
+
+
+def check_versions() -> None:
+    """Refuse to run on a Faust or aiokafka the adaptations were not checked against."""
+    installed = {"faust-streaming": faust.__version__, "aiokafka": aiokafka.__version__}
+    wrong = {name: version for name, version in installed.items()
+             if version != CHECKED_VERSIONS[name]}
+    if wrong:
+        found = ", ".join(f"{name} {version}" for name, version in sorted(wrong.items()))
+        wanted = ", ".join(f"{name} {version}" for name, version in sorted(
+            CHECKED_VERSIONS.items()))
+        raise UncheckedVersion(
+            f"installed {found}; the worker's Faust adaptations were checked against"
+            f" {wanted} only (see processors/faust_adaptations.py). Install the pinned"
+            " versions: pip install -e .")
+
+
+def transactional_id(app: faust.App, topic: str, partition: int) -> str:
+    """The transactional id Faust gives a source partition, from Faust's own format."""
+    group = app.assignor.group_for_topic(topic)
+    return TransactionManager.transactional_id_format.format(
+        group_id=app.conf.id, tpg=TopicPartitionGroup(topic, partition, group))
+
+
+class ResumeOnlyWhenSuspended(FlowControlEvent):
+    """Faust: every resume empties the agents' queues, and Faust resumes again after
+    table recovery, dropping records already fetched past their offset. Here a resume
+    empties them only after a suspension (Faust suspends for every rebalance).
+    Proof: tests/test_faust_adaptations.py, the kill test."""
+
+    def resume(self) -> None:
+        if not self.is_active():
+            super().resume()
+
+
+class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """Faust: with exactly_once, recovery reads each changelog up to the consumer's
+    cached last stable offset, unknown (-1) right after an assignment, so it read
+    nothing. Here it asks the broker (the consumer reads committed records only).
+    Proof: the join/leave test (runs on stale state failed as run_not_started)."""
+
+    async def _highwaters(self, partitions: list[TP]) -> Any:
+        return await self._ensure_consumer().end_offsets(partitions)
+
+
+class WholeRecordConsumer(faust_aiokafka.Consumer):
+    """The consumer: commits cover whole records and carry the write-behind state."""
+
+    app: AdaptedApp
+
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return CommittedEndsConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def force_commit(self, *args: Any, **kwargs: Any) -> bool:
+        """Faust commits on a timer, concurrently with the agent, so a commit could take
+        a record's offset while its outputs were half sent. Here a commit waits for the
+        record in progress, then sends what the records since the last commit changed
+        and produced, then commits. Proof: the kill test (duplicates without it)."""
+        async with self.app.record_boundary:
+            await self.app.before_commit()
+            committed = bool(await super().force_commit(*args, **kwargs))
+            await self.app.after_commit()
+            return committed
+
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        """Faust leaves open transactions open across a rebalance and forgets revoked
+        partitions' acked offsets first; here everything is committed before any
+        partition moves, as Kafka Streams does. Proof: the join/leave test."""
+        if self.in_transaction:
+            await self.force_commit()
+        await super().on_partitions_revoked(revoked)
+
+
+class AdaptedTransport(faust_aiokafka.Transport):
+    Consumer = WholeRecordConsumer
+
+
+async def _nothing_to_do() -> None:
+    return None
+
+
+class AdaptedApp(faust.App):
+    """A Faust app with the adaptations above; `before_commit` and `after_commit` are
+    the worker's hooks around every commit."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # One record's processing and a commit never interleave (see WholeRecordConsumer).
+        self.record_boundary = asyncio.Lock()
+        self.before_commit: Callable[[], Awaitable[None]] = _nothing_to_do
+        self.after_commit: Callable[[], Awaitable[None]] = _nothing_to_do
+        self._owned_producers: set[str] = set()
+        self.on_partitions_assigned.connect(
+            self._stop_producers_of_lost_partitions)  # type: ignore[arg-type]
+
+    def _new_transport(self) -> Any:
+        return AdaptedTransport(self.conf.broker_consumer, self)
+
+    @property
+    def flow_control(self) -> FlowControlEvent:
+        flow = self.__dict__.get("_adapted_flow_control")
+        if flow is None:
+            flow = self.__dict__["_adapted_flow_control"] = ResumeOnlyWhenSuspended(
+                loop=self.loop)
+        return flow
+
+    async def _stop_producers_of_lost_partitions(self, sender: Any, assigned: Any,
+                                                 **kwargs: Any) -> None:
+        """Faust does not stop the transactional producers of partitions a rebalance
+        took away; the new owner fences them, and when a partition comes back every
+        send of it fails. Here they are stopped (Faust starts fresh ones on return).
+        Proof: the join/leave test."""
+        if not self.in_transaction:
+            return
+        changelogs = self.tables.changelog_topics
+        owned = {transactional_id(self, tp.topic, tp.partition) for tp in assigned
+                 if tp.topic not in changelogs and not self.assignor.is_standby(tp)}
+        for lost in sorted(self._owned_producers - owned):
+            await self.producer.stop_transaction(lost)
+        self._owned_producers = owned
+
+
+async def send_in_transaction(producer: Any, transaction: str, topic: str,
+                              key: bytes | None, value: bytes | None, partition: int | None,
+                              headers: list[tuple[str, bytes]] | None) -> Any:
+    """Faust begins a partition's next transaction only after committing the last, so a
+    commit failing in a rebalance left its producer between transactions and every
+    later send failed; here the send begins it. Proof: tests/test_service_transactions.py."""
+    try:
+        return await producer.send(topic, key, value, partition, None, headers,
+                                   transactional_id=transaction)
+    except IllegalOperation:  # "Can't send messages while not in transaction"
+        log.warning("producer %s was between transactions: beginning one", transaction)
+        await producer.maybe_begin_transaction(transaction)
+        return await producer.send(topic, key, value, partition, None, headers,
+                                   transactional_id=transaction)

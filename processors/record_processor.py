@@ -1,0 +1,348 @@
+"""Input records in, output records and state changes out: the worker's work, without Faust.
+
+`RecordProcessor` keeps each run key's engine in memory (`CachedKey`) and
+turns every input record into the records to produce. What must persist is
+kept in memory too (write-behind, like Kafka Streams' record cache) and
+handed out once per commit by `changes(partition)`: per key the latest state
+entry and one text chunk (see `processors.stored_keys`). The caller sends the
+outputs and the changes in the source partition's transaction, then commits
+its offsets, so state, outputs and offsets always agree.
+
+It is total: no input can make it raise. An error while applying a record is
+contained: the key's run is failed with one dead letter and the key restarts
+empty (no text, count or guard of the failed run survives), and a stored
+state that cannot be decoded fails that key's run once and frees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from processors.engine.engine import KeyEngine
+from processors.engine.state import KeyState, Phase
+from processors.metrics import Metrics
+from processors.outputs import Incoming, Outgoing, OutputBuilder
+from processors.stored_keys import (
+    Applied,
+    WriteBehindText,
+    chunk_key,
+    decode_chunk,
+    decode_state,
+    encode_chunk,
+    encode_state,
+    partition_of,
+)
+
+log = logging.getLogger("agui_stream")
+
+STATE_TABLE = "run-state"
+TEXT_TABLE = "run-text"
+
+
+class StoredTables:
+    """Read access to what is persisted: the state entries and text chunks."""
+
+    def __init__(self, states: Mapping[bytes, bytes], texts: Mapping[bytes, bytes]) -> None:
+        self.states = states
+        self.texts = texts
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """One entry to persist: `value` None deletes it."""
+
+    table: str
+    key: bytes
+    value: bytes | None
+
+
+@dataclass(slots=True)
+class CachedKey:
+    """A run key's engine and its write-behind bookkeeping."""
+
+    engine: KeyEngine
+    text: WriteBehindText
+    partition: int
+    last_seen: float
+    applied: Applied | None = None
+    chunks: int = 0  # text chunks of the active run handed out so far (numbered from 0)
+    stored_chunks: int = 0  # chunk numbers that may be stored (of any run): 0 .. n-1
+    persisted_state: bytes | None = None  # the state entry as last handed out
+    freed: bool = False  # to delete at the next changes(), then forget
+
+    @classmethod
+    def empty(cls, partition: int, now: float, phase: Phase = Phase.FRESH) -> CachedKey:
+        text = WriteBehindText()
+        return cls(KeyEngine(KeyState(phase), text), text, partition, now)
+
+
+def state_key_for(tenant: str, key: bytes) -> bytes:
+    return tenant.replace("\x00", "\ufffd").encode() + b"\x00" + key
+
+
+def split_state_key(state_key: bytes) -> tuple[str, bytes]:
+    """(tenant, record key) of a state key."""
+    tenant, _, key = state_key.partition(b"\x00")
+    return tenant.decode("utf-8", "replace"), key
+
+
+@dataclass(slots=True)
+class _Partition:
+    keys: dict[bytes, None] = field(default_factory=dict)  # cached keys of the partition
+    dirty: dict[bytes, None] = field(default_factory=dict)  # keys with changes to hand out
+    scanned: bool = False  # the stored keys of the partition are all cached
+
+
+class RecordProcessor:
+    """Applies input records of the partitions a worker owns; see the module docstring."""
+
+    def __init__(self, builder: OutputBuilder, metrics: Metrics, stored: StoredTables, *,
+                 tenant_header: str, default_tenant: str, idle_timeout: float) -> None:
+        self.builder = builder
+        self.metrics = metrics
+        self.stored = stored
+        self.tenant_header = tenant_header
+        self.default_tenant = default_tenant
+        self.idle_timeout = idle_timeout
+        self._cache: dict[bytes, CachedKey] = {}
+        self._partitions: dict[int, _Partition] = {}
+        self._open_runs = 0
+
+    # --- records -------------------------------------------------------------------
+
+    def process(self, record: Incoming, now: float) -> list[Outgoing]:
+        """Apply one input record; return what to produce. Never raises."""
+        tenant = self.default_tenant
+        state_key = b""
+        try:
+            tenant = self._tenant(record.headers)
+            state_key = state_key_for(tenant, record.key)
+            out: list[Outgoing] = []
+            cached = self._cached(state_key, record.partition, now, record, out)
+            cached.last_seen = now
+            applied = cached.applied
+            if (applied is not None and applied.topic == record.topic
+                    and record.offset <= applied.offset):
+                # Replayed from an older committed offset: applied and published already.
+                self.metrics.replayed_records.inc()
+                return out
+            was_open = cached.engine.state.run is not None
+            step = cached.engine.feed(record.value)
+            cached.applied = Applied(record.topic, record.offset)
+            self._touch(state_key, cached, was_open)
+            out.extend(self.builder.build(step, record, tenant))
+            return out
+        except Exception as error:
+            return self._contain(error, state_key, record, tenant, now)
+
+    def sweep(self, partition: int, now: float, tick: Incoming) -> list[Outgoing]:
+        """Abandon the partition's runs idle longer than the timeout and free idle keys.
+
+        Never raises: a key that cannot be swept is contained like a record.
+        """
+        out: list[Outgoing] = []
+        for state_key in self._keys_of(partition, now, tick, out):
+            cached = self._cache.get(state_key)
+            if cached is None or cached.freed or now - cached.last_seen < self.idle_timeout:
+                continue
+            tenant, key = split_state_key(state_key)
+            abandoned = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
+                                 key, b"", [])
+            try:
+                was_open = cached.engine.state.run is not None
+                if was_open:
+                    out.extend(self.builder.build(cached.engine.abandon(), abandoned, tenant))
+                self._free(state_key, cached, was_open)
+            except Exception as error:
+                out.extend(self._contain(error, state_key, abandoned, tenant, now))
+        return out
+
+    # --- write-behind ----------------------------------------------------------------
+
+    def dirty_partitions(self) -> list[int]:
+        return [number for number, part in self._partitions.items() if part.dirty]
+
+    def changes(self, partition: int) -> list[StateChange]:
+        """What the partition's records changed since the last call, to persist with
+        its next commit. Per key at most one state entry and one text chunk."""
+        part = self._partitions.get(partition)
+        if part is None or not part.dirty:
+            return []
+        changes: list[StateChange] = []
+        for state_key in part.dirty:
+            cached = self._cache.get(state_key)
+            if cached is not None:
+                changes.extend(self._key_changes(state_key, cached, part))
+        part.dirty.clear()
+        return changes
+
+    def forget(self) -> None:
+        """Partitions moved: drop every cached key (the stored tables are the truth).
+
+        Call it only after the changes of every partition were persisted.
+        """
+        self._cache.clear()
+        self._partitions.clear()
+        self._open_runs = 0
+        self.metrics.open_runs.set(0)
+
+    # --- internals -------------------------------------------------------------------
+
+    def _tenant(self, headers: Iterable[tuple[str, bytes]]) -> str:
+        for name, value in headers:
+            if name == self.tenant_header and value:
+                return value.decode("utf-8", "replace")
+        return self.default_tenant
+
+    def _part(self, partition: int) -> _Partition:
+        part = self._partitions.get(partition)
+        if part is None:
+            part = self._partitions[partition] = _Partition()
+        return part
+
+    def _cached(self, state_key: bytes, partition: int, now: float, record: Incoming,
+                out: list[Outgoing]) -> CachedKey:
+        cached = self._cache.get(state_key)
+        if cached is not None:
+            if cached.freed:  # freed, its deletion not yet handed out: start afresh
+                cached.freed = False
+            return cached
+        cached = self._load(state_key, partition, now, record, out)
+        self._cache[state_key] = cached
+        self._part(partition).keys[state_key] = None
+        if cached.engine.state.run is not None:
+            self._count_open(+1)
+        return cached
+
+    def _load(self, state_key: bytes, partition: int, now: float, record: Incoming | None,
+              out: list[Outgoing]) -> CachedKey:
+        value = self.stored.states.get(state_key)
+        if value is None:
+            return CachedKey.empty(partition, now)
+        try:
+            stored = decode_state(value)
+            text = WriteBehindText()
+            for number in range(stored.chunks):
+                text.restore(decode_chunk(self.stored.texts[chunk_key(state_key, number)]))
+        except Exception as error:
+            # One dead letter for the key's lost run; the key is freed and goes on empty.
+            _log_contained(error, "stored state of a key could not be read; its run was"
+                           " failed and its state freed", record)
+            cached = CachedKey.empty(partition, now, Phase.FAILED)
+            cached.stored_chunks = self._stored_chunks(state_key)
+            cached.persisted_state = value  # so that the reset state replaces it
+            self._part(partition).dirty[state_key] = None
+            if record is not None:
+                tenant = split_state_key(state_key)[0]
+                out.append(self.builder.dead_letter_for_exception(record, tenant))
+            return cached
+        return CachedKey(KeyEngine(stored.state, text), text, partition, now,
+                         stored.applied, stored.chunks, stored.chunks, value)
+
+    def _touch(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
+        self._part(cached.partition).dirty[state_key] = None
+        is_open = cached.engine.state.run is not None
+        if is_open != was_open:
+            self._count_open(1 if is_open else -1)
+
+    def _free(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
+        cached.freed = True
+        self._part(cached.partition).dirty[state_key] = None
+        if was_open:
+            self._count_open(-1)
+
+    def _count_open(self, delta: int) -> None:
+        self._open_runs += delta
+        self.metrics.open_runs.set(self._open_runs)
+
+    def _key_changes(self, state_key: bytes, cached: CachedKey,
+                     part: _Partition) -> Iterator[StateChange]:
+        cleared, fresh = cached.text.unpersisted()
+        run_active = cached.engine.state.run is not None
+        if cleared or not run_active:
+            cached.chunks = 0  # the chunks stored so far are an earlier run's
+        if fresh and run_active and not cached.freed:
+            yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks),
+                              encode_chunk(fresh))
+            cached.chunks += 1
+        keep = 0 if cached.freed else cached.chunks
+        for number in range(keep, cached.stored_chunks):
+            yield StateChange(TEXT_TABLE, chunk_key(state_key, number), None)
+        cached.stored_chunks = keep
+        if cached.freed:
+            if cached.persisted_state is not None:
+                yield StateChange(STATE_TABLE, state_key, None)
+            del self._cache[state_key]
+            part.keys.pop(state_key, None)
+            return
+        value = encode_state(cached.partition, cached.applied, cached.chunks,
+                             cached.engine.state)
+        if value != cached.persisted_state:
+            cached.persisted_state = value
+            yield StateChange(STATE_TABLE, state_key, value)
+
+    def _keys_of(self, partition: int, now: float, tick: Incoming,
+                 out: list[Outgoing]) -> list[bytes]:
+        """The partition's keys; the first call after `forget` loads its stored ones
+        (a key whose stored state cannot be read gets its dead letter here)."""
+        part = self._part(partition)
+        if not part.scanned:
+            part.scanned = True
+            for state_key, value in list(self.stored.states.items()):
+                # A value without a readable partition is left to its key's next record.
+                if partition_of(value) != partition or state_key in self._cache:
+                    continue
+                source = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
+                                  split_state_key(state_key)[1], b"", [])
+                try:
+                    self._cached(state_key, partition, now, source, out)
+                except Exception as error:
+                    out.extend(self._contain(error, state_key, source,
+                                             split_state_key(state_key)[0], now))
+        return list(part.keys)
+
+    def _stored_chunks(self, state_key: bytes) -> int:
+        """How many text chunks are stored for the key, counted up to the first gap."""
+        number = 0
+        while chunk_key(state_key, number) in self.stored.texts:
+            number += 1
+        return number
+
+    def _contain(self, error: Exception, state_key: bytes, record: Incoming, tenant: str,
+                 now: float) -> list[Outgoing]:
+        """The key's run fails; the key restarts empty. Never raises."""
+        _log_contained(error, "processing error; the run was failed", record)
+        try:
+            old = self._cache.pop(state_key, None)
+            if old is not None and old.engine.state.run is not None:
+                self._count_open(-1)
+            fresh = CachedKey.empty(record.partition, now, Phase.FAILED)
+            fresh.applied = Applied(record.topic, record.offset)
+            # Whatever the key had stored is deleted at the next changes().
+            fresh.persisted_state = (self.stored.states.get(state_key) if old is None
+                                     else old.persisted_state)
+            fresh.stored_chunks = max(self._stored_chunks(state_key),
+                                      0 if old is None else old.stored_chunks)
+            self._cache[state_key] = fresh
+            part = self._part(record.partition)
+            part.keys[state_key] = None
+            part.dirty[state_key] = None
+        except Exception as second:
+            _log_contained(second, "could not reset the key after a processing error", record)
+        try:
+            return [self.builder.dead_letter_for_exception(record, tenant)]
+        except Exception as third:
+            _log_contained(third, "could not build the dead letter of a processing error",
+                           record)
+            return []
+
+
+def _log_contained(error: BaseException, what: str, record: Incoming | None) -> None:
+    """Log where and what kind, never the message: it could quote content."""
+    frames = "".join(traceback.format_tb(error.__traceback__))
+    where = ("" if record is None
+             else f" at {record.topic}[{record.partition}]@{record.offset}")
+    log.error("%s (%s%s)\n%s", what, type(error).__name__, where, frames)

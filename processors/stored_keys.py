@@ -1,0 +1,157 @@
+"""How a run key's state and streamed text are persisted, write-behind.
+
+A key is stored as one `run-state` entry and, while a run is active, a few
+`run-text` entries:
+
+* the state entry (`state_key`) holds the engine's state, the partition the
+  key lives on, how many text chunks the run has stored, and the replay guard
+  (the last input record applied to the key). It is rewritten at most once
+  per commit, and only when something changed;
+* a text chunk (`state_key 0x01 <n>`) holds every fragment the key's run
+  received between two commits, as (slot, text) pairs. Chunks are only ever
+  appended, never rewritten, so the changelog stays linear in the input; the
+  run's chunks are deleted when it concludes.
+
+The state entry and the chunks of one commit go out in the source partition's
+transaction with the input offsets, so a crash replays onto exactly the state
+those offsets produced, and the replay guard skips records already applied.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import defaultdict
+from dataclasses import dataclass
+
+from processors.engine.state import KeyState
+
+_FORMAT = 2  # first byte of a state entry; anything else is not ours to read
+_STATE_HEADER = struct.Struct(">BIqIH")  # format, partition, applied offset, chunks, topic length
+_CHUNK_MARK = b"\x01"
+_CHUNK_NUMBER = struct.Struct(">I")
+_FRAGMENT_HEADER = struct.Struct(">II")  # slot, byte length
+
+
+class UndecodableState(ValueError):
+    """A stored state entry this version cannot read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The last input record applied to a key (the replay guard)."""
+
+    topic: str
+    offset: int
+
+
+@dataclass(slots=True)
+class StoredKey:
+    """A decoded state entry."""
+
+    partition: int
+    applied: Applied | None
+    chunks: int
+    state: KeyState
+
+
+def encode_state(partition: int, applied: Applied | None, chunks: int, state: KeyState) -> bytes:
+    topic = b"" if applied is None else applied.topic.encode()
+    offset = -1 if applied is None else applied.offset
+    return (_STATE_HEADER.pack(_FORMAT, partition, offset, chunks, len(topic)) + topic
+            + state.to_json())
+
+
+def decode_state(value: bytes) -> StoredKey:
+    """The stored key, or `UndecodableState` for any value this code did not write."""
+    try:
+        version, partition, offset, chunks, topic_size = _STATE_HEADER.unpack_from(value)
+        if version != _FORMAT:
+            raise UndecodableState(f"state format {version}")
+        start = _STATE_HEADER.size + topic_size
+        topic = value[_STATE_HEADER.size:start].decode()
+        state = KeyState.from_json(value[start:])
+    except UndecodableState:
+        raise
+    except Exception as error:  # any corruption: a short value, bad JSON, wrong shapes
+        raise UndecodableState(type(error).__name__) from None
+    applied = None if offset < 0 else Applied(topic, offset)
+    return StoredKey(partition, applied, chunks, state)
+
+
+def partition_of(value: bytes) -> int | None:
+    """The partition a state entry belongs to, without decoding the rest."""
+    if len(value) < _STATE_HEADER.size or value[0] != _FORMAT:
+        return None
+    return int(_STATE_HEADER.unpack_from(value)[1])
+
+
+def chunk_key(state_key: bytes, number: int) -> bytes:
+    return state_key + _CHUNK_MARK + _CHUNK_NUMBER.pack(number)
+
+
+def encode_chunk(fragments: list[tuple[int, str]]) -> bytes:
+    parts: list[bytes] = []
+    for slot, text in fragments:
+        data = text.encode("utf-8", "surrogatepass")
+        parts.append(_FRAGMENT_HEADER.pack(slot, len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode_chunk(value: bytes) -> list[tuple[int, str]]:
+    fragments: list[tuple[int, str]] = []
+    position = 0
+    while position < len(value):
+        slot, size = _FRAGMENT_HEADER.unpack_from(value, position)
+        position += _FRAGMENT_HEADER.size
+        data = value[position:position + size]
+        if len(data) != size:
+            raise UndecodableState("truncated text chunk")
+        fragments.append((slot, data.decode("utf-8", "surrogatepass")))
+        position += size
+    return fragments
+
+
+class WriteBehindText:
+    """A key's streamed text in memory, with what is not yet persisted.
+
+    The engine appends each delta to a slot's list (no I/O per delta);
+    `unpersisted()` returns what came since the last call, as one chunk.
+    """
+
+    __slots__ = ("_cleared", "_parts", "_persisted")
+
+    def __init__(self) -> None:
+        self._parts: defaultdict[int, list[str]] = defaultdict(list)
+        self._persisted: dict[int, int] = {}  # slot -> fragments already in a chunk
+        self._cleared = False  # a run ended since the last `unpersisted()`
+
+    def fragments(self, slot: int) -> list[str]:
+        return self._parts[slot]
+
+    def texts(self) -> dict[int, str]:
+        return {slot: "".join(parts) for slot, parts in self._parts.items()}
+
+    def clear(self) -> None:
+        self._parts.clear()
+        self._persisted.clear()
+        self._cleared = True
+
+    def restore(self, chunk: list[tuple[int, str]]) -> None:
+        """Add a stored chunk's fragments (they are persisted already)."""
+        for slot, text in chunk:
+            self._parts[slot].append(text)
+            self._persisted[slot] = len(self._parts[slot])
+
+    def unpersisted(self) -> tuple[bool, list[tuple[int, str]]]:
+        """Whether the text was cleared (a run ended) since the last call, and the text
+        added since then, one (slot, text) per slot. Marks it persisted."""
+        cleared, self._cleared = self._cleared, False
+        fresh: list[tuple[int, str]] = []
+        persisted = self._persisted
+        for slot, parts in self._parts.items():
+            done = persisted.get(slot, 0)
+            if len(parts) > done:
+                fresh.append((slot, "".join(parts[done:])))
+                persisted[slot] = len(parts)
+        return cleared, fresh

@@ -1,0 +1,397 @@
+"""The record processor on plain dicts, no broker: records, sweeps, write-behind
+state, crashes between commits, containment and poison input."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from processors.engine.engine import KeyEngine
+from processors.metrics import Metrics
+from processors.outputs import Incoming, Outgoing, OutputBuilder
+from processors.record_processor import (
+    STATE_TABLE,
+    TEXT_TABLE,
+    RecordProcessor,
+    StoredTables,
+    state_key_for,
+)
+from processors.stored_keys import chunk_key
+from tests.engine_helpers import (
+    r_content,
+    r_end,
+    r_start,
+    run_finished,
+    run_started,
+    t_content,
+    t_end,
+    t_start,
+)
+
+TOPIC = "events"
+HISTORY = "history"
+DEADLETTER = "deadletter"
+IDLE = 60.0
+
+
+class Committed:
+    """What a commit has persisted: the two tables as plain dicts."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, dict[bytes, bytes]] = {STATE_TABLE: {}, TEXT_TABLE: {}}
+        self.changelog_records = 0
+
+    def processor(self, metrics: Metrics | None = None) -> RecordProcessor:
+        metrics = metrics or Metrics()
+        builder = OutputBuilder(HISTORY, DEADLETTER, 1_000_000, metrics)
+        return RecordProcessor(builder, metrics,
+                               StoredTables(self.tables[STATE_TABLE], self.tables[TEXT_TABLE]),
+                               tenant_header="tenant", default_tenant="default",
+                               idle_timeout=IDLE)
+
+    def commit(self, processor: RecordProcessor) -> None:
+        for partition in processor.dirty_partitions():
+            for change in processor.changes(partition):
+                self.changelog_records += 1
+                table = self.tables[change.table]
+                if change.value is None:
+                    table.pop(change.key, None)
+                else:
+                    table[change.key] = change.value
+
+
+class Feeder:
+    """Feeds one partition's records in offset order."""
+
+    def __init__(self, key: bytes = b"k1", partition: int = 0) -> None:
+        self.key = key
+        self.partition = partition
+        self.offset = 0
+
+    def record(self, value: bytes | dict[str, Any], key: bytes | None = None,
+               headers: list[tuple[str, bytes]] | None = None) -> Incoming:
+        data = value if isinstance(value, bytes) else orjson.dumps(value)
+        record = Incoming(TOPIC, self.partition, self.offset, 1_700_000_000_000,
+                          self.key if key is None else key, data, headers or [])
+        self.offset += 1
+        return record
+
+
+def feed(processor: RecordProcessor, records: Iterable[Incoming],
+         now: float = 0.0) -> list[Outgoing]:
+    out: list[Outgoing] = []
+    for record in records:
+        out.extend(processor.process(record, now))
+    return out
+
+
+def history(out: list[Outgoing]) -> list[dict[str, Any]]:
+    return [orjson.loads(o.value) for o in out if o.topic == HISTORY]
+
+
+def dead_letters(out: list[Outgoing]) -> list[dict[str, Any]]:
+    return [orjson.loads(o.value) for o in out if o.topic == DEADLETTER]
+
+
+def contents(out: list[Outgoing]) -> list[str]:
+    return [h["message"]["content"] for h in history(out) if h["kind"] == "message"]
+
+
+def text_run(run: str, words: list[str]) -> list[dict[str, Any]]:
+    return [run_started(run), t_start("m-" + run, role="assistant"),
+            *(t_content("m-" + run, w) for w in words), t_end("m-" + run), run_finished(run)]
+
+
+# --- the happy path and write-behind ------------------------------------------------
+
+
+def test_a_run_publishes_its_history_and_leaves_no_text_behind() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    feeder = Feeder()
+    out = feed(processor, (feeder.record(e) for e in text_run("r1", ["a ", "b"])))
+    assert contents(out) == ["a b"]
+    assert history(out)[-1]["kind"] == "run"
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}
+    assert len(committed.tables[STATE_TABLE]) == 1  # the key's phase and replay guard
+
+
+def test_state_is_written_once_per_commit_and_text_as_one_chunk_per_commit() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    feeder = Feeder()
+    feed(processor, [feeder.record(run_started("r1")), feeder.record(r_start("rm"))])
+    for commit in range(10):
+        feed(processor, (feeder.record(r_content("rm", f"{commit}.{i} ")) for i in range(100)))
+        committed.commit(processor)
+    state_key = state_key_for("default", b"k1")
+    assert sorted(committed.tables[TEXT_TABLE]) == [chunk_key(state_key, n) for n in range(10)]
+    # 10 commits of 100 deltas: one chunk and one state entry each (+ the first state).
+    assert committed.changelog_records == 20
+    out = feed(processor, [feeder.record(r_end("rm")), feeder.record(run_finished("r1"))])
+    committed.commit(processor)
+    expected = "".join(f"{c}.{i} " for c in range(10) for i in range(100))
+    assert contents(out) == [expected]
+    assert committed.tables[TEXT_TABLE] == {}
+
+
+def test_a_commit_with_nothing_new_changes_nothing() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    feeder = Feeder()
+    feed(processor, (feeder.record(e) for e in text_run("r1", ["x"])))
+    committed.commit(processor)
+    before = committed.changelog_records
+    committed.commit(processor)
+    assert committed.changelog_records == before
+
+
+# --- crashes between commits ----------------------------------------------------------
+
+
+def crash_and_replay(committed: Committed, records: list[Incoming],
+                     from_offset: int) -> list[Outgoing]:
+    """A new worker on what was committed, replaying from `from_offset`."""
+    return feed(committed.processor(), records[from_offset:])
+
+
+def test_a_crash_between_commits_replays_onto_the_committed_state() -> None:
+    events = text_run("r1", [f"w{i} " for i in range(30)])
+    feeder = Feeder()
+    records = [feeder.record(e) for e in events]
+    committed = Committed()
+    processor = committed.processor()
+    feed(processor, records[:12])
+    committed.commit(processor)  # offsets 0..11 committed with their state
+    lost = feed(processor, records[12:20])  # processed, never committed: the crash
+    assert lost == []
+    out = crash_and_replay(committed, records, 12)
+    assert contents(out) == ["".join(f"w{i} " for i in range(30))]
+
+
+def test_records_replayed_from_an_older_offset_are_skipped_not_published_again() -> None:
+    feeder = Feeder()
+    records = [feeder.record(e) for e in [*text_run("r1", ["a"]), *text_run("r2", ["b"])]]
+    committed = Committed()
+    metrics = Metrics()
+    processor = committed.processor(metrics)
+    first = feed(processor, records[:5])  # r1 whole: published and committed
+    committed.commit(processor)
+    assert contents(first) == ["a"]
+    # The restarted worker is handed an offset older than its last commit.
+    replayed_metrics = Metrics()
+    out = feed(committed.processor(replayed_metrics), records)
+    assert contents(out) == ["b"]
+    assert replayed_metrics.replayed_records._value.get() == 5
+
+
+def test_a_run_ending_and_the_next_starting_between_commits_never_mix_text() -> None:
+    feeder = Feeder()
+    committed = Committed()
+    processor = committed.processor()
+    first = text_run("r1", ["OLD ", "OLD ", "OLD "])
+    second = text_run("r2", ["new"])
+    feed(processor, (feeder.record(e) for e in first[:3]))
+    committed.commit(processor)  # r1's first chunk is stored
+    feed(processor, (feeder.record(e) for e in first[3:]))
+    feed(processor, (feeder.record(e) for e in second[:3]))  # r2 streams, same commit
+    committed.commit(processor)
+    # Crash: r2 goes on from the committed state only.
+    out = feed(committed.processor(), (feeder.record(e) for e in second[3:]))
+    assert contents(out) == ["new"]
+
+
+# --- containment ----------------------------------------------------------------------
+
+
+def test_an_internal_error_fails_the_run_once_and_the_next_run_starts_clean(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    feeder = Feeder()
+    committed = Committed()
+    processor = committed.processor()
+    feed(processor, (feeder.record(e) for e in text_run("r1", ["OLD ", "OLD "])[:3]))
+    committed.commit(processor)
+    original = KeyEngine.feed
+
+    def failing(engine: KeyEngine, raw: bytes | str) -> Any:
+        if b"BOOM" in bytes(raw):
+            raise RuntimeError("secret reasoning that must not be logged")
+        return original(engine, raw)
+
+    monkeypatch.setattr(KeyEngine, "feed", failing)
+    out = feed(processor, [feeder.record(t_content("m-r1", "BOOM"))])
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    rest = feed(processor, [feeder.record(e) for e in text_run("r1", [])[3:]])
+    assert history(rest) == []  # the failed run's remaining records are discarded
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}  # the failed run's text is deleted
+    out = feed(processor, (feeder.record(e) for e in text_run("r2", ["new"])))
+    assert contents(out) == ["new"]
+    # ... and after a crash too (from the committed state only).
+    committed.commit(processor)
+    again = feed(committed.processor(),
+                 (feeder.record(e) for e in text_run("r3", ["fresh"])))
+    assert contents(again) == ["fresh"]
+
+
+def test_a_stored_state_that_cannot_be_decoded_fails_once_and_is_freed() -> None:
+    committed = Committed()
+    state_key = state_key_for("default", b"k1")
+    committed.tables[STATE_TABLE][state_key] = b"\x00\x00\x00\x01not a state"
+    committed.tables[TEXT_TABLE][chunk_key(state_key, 0)] = b"OLD"
+    committed.tables[TEXT_TABLE][chunk_key(state_key, 1)] = b"OLD"
+    processor = committed.processor()
+    feeder = Feeder()
+    out = feed(processor, (feeder.record(e) for e in text_run("r1", ["new"])))
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    assert contents(out) == ["new"]  # the record that found it still started its run
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}
+    again = feed(committed.processor(), (feeder.record(e) for e in text_run("r2", ["x"])))
+    assert dead_letters(again) == [] and contents(again) == ["x"]
+
+
+def test_a_dead_letter_whose_event_copy_fails_is_still_sent_without_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(value: bytes) -> Any:
+        raise TypeError("cannot copy")
+
+    monkeypatch.setattr("processors.outputs._offending", broken)
+    processor = Committed().processor()
+    out = feed(processor, [Feeder().record({"type": "REASONING_MESSAGE_CONTENT"})])
+    [letter] = dead_letters(out)
+    assert letter["kind"] == "failure" and "event" not in letter and "raw" not in letter
+    assert letter["source"] == {"topic": TOPIC, "partition": 0, "offset": 0,
+                                "timestamp": 1_700_000_000_000}
+
+
+JSON_VALUES = [None, True, 1, 1.5, "s", ["CUSTOM"], {"a": 1}, [], {}]
+
+
+@pytest.mark.parametrize("poison", [
+    *({"type": bad, "name": "x", "value": 1} for bad in JSON_VALUES if bad != "s"),
+    *({**r_start("rm"), "role": bad} for bad in JSON_VALUES),
+    *({**r_content("rm", "x"), "delta": bad} for bad in JSON_VALUES),
+    *({"type": "REASONING_ENCRYPTED_VALUE", "subtype": "message", "entityId": "rm",
+       "encryptedValue": bad} for bad in JSON_VALUES),
+])
+def test_poison_inside_a_run_gets_one_dead_letter_and_the_next_run_is_whole(
+    poison: dict[str, Any],
+) -> None:
+    feeder = Feeder()
+    processor = Committed().processor()
+    out = feed(processor, [feeder.record(run_started("r1")), feeder.record(r_start("rm")),
+                           feeder.record(poison)])
+    assert len(dead_letters(out)) <= 1  # a valid shape (a string delta) sends none
+    # r1 ends (failed already, or now for its open message): nothing internal.
+    out += feed(processor, [feeder.record(run_finished("r1"))])
+    assert [d["code"] for d in dead_letters(out)] != [] and all(
+        d["code"] != "processing_error" for d in dead_letters(out))
+    out = feed(processor, (feeder.record(e) for e in text_run("r2", ["whole"])))
+    assert contents(out) == ["whole"]
+
+
+# --- the sweep ------------------------------------------------------------------------
+
+
+def tick(partition: int = 0, offset: int = 0) -> Incoming:
+    return Incoming("ticks", partition, offset, None, b"", b"", [])
+
+
+def test_the_sweep_abandons_idle_runs_and_frees_idle_keys() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    feeder = Feeder()
+    feed(processor, [feeder.record(run_started("r1")), feeder.record(r_start("rm")),
+                     feeder.record(r_content("rm", "x"))], now=0.0)
+    assert processor.sweep(0, IDLE - 1, tick()) == []
+    out = processor.sweep(0, IDLE + 1, tick())
+    assert [d["code"] for d in dead_letters(out)] == ["run_abandoned"]
+    committed.commit(processor)
+    assert committed.tables == {STATE_TABLE: {}, TEXT_TABLE: {}}
+
+
+def test_after_partitions_move_the_sweep_finds_the_stored_keys_of_its_partition_only() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    for partition in (0, 1):
+        feeder = Feeder(key=f"k{partition}".encode(), partition=partition)
+        feed(processor, [feeder.record(run_started(f"r{partition}"))])
+    committed.commit(processor)
+    processor.forget()
+    processor = committed.processor()
+    out = processor.sweep(1, 0.0, tick(1))
+    assert out == []  # found, with a fresh clock
+    out = processor.sweep(1, IDLE + 1, tick(1))
+    assert [(d["code"], d["runId"]) for d in dead_letters(out)] == [("run_abandoned", "r1")]
+
+
+def test_a_sweep_that_finds_an_undecodable_state_contains_it() -> None:
+    committed = Committed()
+    state_key = state_key_for("default", b"k1")
+    # Our format and partition 0, but a body that is not a state.
+    committed.tables[STATE_TABLE][state_key] = (b"\x02\x00\x00\x00\x00" + b"\xff" * 8
+                                                + b"\x00\x00\x00\x00\x00\x00{")
+    processor = committed.processor()
+    out = processor.sweep(0, 0.0, tick())
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    assert processor.sweep(0, IDLE + 1, tick()) == []
+    committed.commit(processor)
+    assert committed.tables[STATE_TABLE] == {}
+
+
+def test_a_freed_key_whose_deletion_is_not_yet_committed_starts_afresh() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    feeder = Feeder()
+    feed(processor, (feeder.record(e) for e in text_run("r1", ["a"])))
+    committed.commit(processor)
+    processor.sweep(0, IDLE + 1, tick())  # frees the key (deletion pending)
+    out = feed(processor, (feeder.record(e) for e in text_run("r2", ["b"])), now=IDLE + 2)
+    assert contents(out) == ["b"]
+    committed.commit(processor)
+    assert len(committed.tables[STATE_TABLE]) == 1
+
+
+# --- totality ---------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+event_like = st.fixed_dictionaries(
+    {"type": st.sampled_from(["RUN_STARTED", "TEXT_MESSAGE_CONTENT", "REASONING_MESSAGE_CHUNK",
+                              "REASONING_ENCRYPTED_VALUE", "RUN_FINISHED"]) | json_values},
+    optional={"messageId": json_values, "delta": json_values, "role": json_values,
+              "encryptedValue": json_values, "threadId": json_values, "runId": json_values},
+)
+values = (st.binary(max_size=64) | json_values.map(orjson.dumps)
+          | event_like.map(orjson.dumps))
+headers = st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=8)), max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=4), values, headers), max_size=12))
+def test_no_bytes_json_or_headers_make_it_raise(
+    records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]],
+) -> None:
+    committed = Committed()
+    processor = committed.processor()
+    for offset, (key, value, header_list) in enumerate(records):
+        record = Incoming(TOPIC, offset % 2, offset, None, key, value, header_list)
+        for out in processor.process(record, float(offset)):
+            assert out.topic in (HISTORY, DEADLETTER)
+        if offset % 3 == 0:
+            committed.commit(processor)
+    processor.sweep(0, 1e9, tick())
+    committed.commit(processor)
