@@ -2,8 +2,10 @@
 
 Run by ``service_bench.py`` as a child process, configured by the same
 environment variables as ``agui-stream worker`` plus ``FLOOR_EVENTS`` (N) and
-``FLOOR_RESULT`` (a file path). The agent only iterates the raw input stream
-(Faust acks each event); no engine, no tables, no outputs. When it has seen N
+``FLOOR_RESULT`` (a file path); ``FLOOR_STOCK=1`` uses stock Faust classes
+(``faust.App``) with the same settings instead of the worker's adapted ones.
+The agent only iterates the raw input stream (Faust acks each event); no engine,
+no tables, no outputs. When it has seen N
 events it writes ``{"records": ..., "seconds": ...}`` (counted from the first
 event seen) to the result file (Faust takes over stdout), and waits to be
 stopped. Whatever the real worker does, it cannot beat this rate: the gap between
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import faust
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -29,7 +32,8 @@ from processors.service import faust_app
 def main() -> None:
     settings = Settings.from_env()
     total = int(os.environ["FLOOR_EVENTS"])
-    app = faust_app(settings)
+    stock = os.environ.get("FLOOR_STOCK") == "1"
+    app = faust_app(settings, faust.App) if stock else faust_app(settings)
     source = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw")
 
     @app.agent(source)

@@ -278,12 +278,13 @@ def passthrough(bootstrap: str, ns: Namespace, total: int, name: str, tag: str,
                                     commit_records))
 
 
-def faust_floor(ns: Namespace, log_dir: Path, total: int, tag: str) -> Rate:
-    """The worker's Faust app with an empty agent (``faust_floor.py``) on the same records."""
+def faust_floor(ns: Namespace, log_dir: Path, total: int, tag: str, stock: bool) -> Rate:
+    """A Faust app with an empty agent (``faust_floor.py``) on the same records: stock
+    Faust classes, or the worker's adapted ones, with the worker's settings."""
     result_path = log_dir / f"{tag}.json"
     env = ns.env(AGUI_APP_ID=f"{ns.prefix}-{tag}", AGUI_DATA_DIR=str(log_dir / f"{tag}-data"),
                  AGUI_METRICS_PORT=str(free_port()), FLOOR_EVENTS=str(total),
-                 FLOOR_RESULT=str(result_path))
+                 FLOOR_RESULT=str(result_path), FLOOR_STOCK="1" if stock else "0")
     started = time.perf_counter()
     with (log_dir / f"{tag}.log").open("ab") as log:
         child = subprocess.Popen([sys.executable, str(REPO_ROOT / "benchmarks/faust_floor.py")],
@@ -298,7 +299,8 @@ def faust_floor(ns: Namespace, log_dir: Path, total: int, tag: str) -> Rate:
 
         wait_for(finished, 600, "the Faust floor to see every record")
         result = orjson.loads(result_path.read_bytes())
-        return Rate("Faust floor: empty agent, exactly_once", result["records"],
+        return Rate(f"{'stock' if stock else 'adapted'} Faust floor: empty agent, exactly_once",
+                    result["records"],
                     result["seconds"], time.perf_counter() - started)
     finally:
         if child.poll() is None:
@@ -428,7 +430,8 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
         passthrough(bootstrap, ns, total, "passthrough, transactional (10k rec / 2.8 s)",
                     "txfaust", transactional=True, commit_seconds=2.8,
                     commit_records=10_000),
-        faust_floor(ns, log_dir, total, "floor"),
+        faust_floor(ns, log_dir, total, "floor-stock", stock=True),
+        faust_floor(ns, log_dir, total, "floor", stock=False),
     ]
     for rate in baselines:
         print(f"  {rate.name:48} {rate.per_second:>9,.0f} events/s "

@@ -79,9 +79,11 @@ class _SentEntry:
         self.message = self
 
 
-def faust_app(settings: Settings) -> AdaptedApp:
-    """The bare Faust app as the worker configures it: no tables, agents or pages."""
-    return AdaptedApp(
+def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> Any:
+    """The bare Faust app as the worker configures it: no tables, agents or pages.
+
+    `app_class` faust.App gives stock Faust with the same settings (benchmarks)."""
+    return app_class(
         settings.app_id,
         broker=settings.broker_url,
         broker_credentials=faust_credentials(settings),
@@ -110,7 +112,7 @@ def faust_app(settings: Settings) -> AdaptedApp:
 
 def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     """The Faust app with its tables, agent, sweep timer and web pages."""
-    app = faust_app(settings)
+    app: AdaptedApp = faust_app(settings)
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     ticks = idle_ticks_topic(settings.app_id)
     if settings.input_pattern is not None:

@@ -58,3 +58,12 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     with load_kafka_local().local_broker() as bootstrap:
         yield bootstrap
+
+
+@pytest.fixture(autouse=True)
+def reap_workers() -> Iterator[None]:
+    """Kill every worker a test started (and its supervisor), pass or fail."""
+    yield
+    from tests.service_harness import Worker
+
+    Worker.reap_all()

@@ -8,6 +8,7 @@ deadline, never a bare sleep.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -20,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -97,7 +98,19 @@ done
 
 
 class Worker:
-    """One `agui-stream worker` process (optionally restarted like a deployment's)."""
+    """One `agui-stream worker` process (optionally restarted like a deployment's).
+
+    Every worker started is in `Worker.started` until `reap_all` kills its
+    process group (worker and supervisor), which a fixture does after each
+    test, passed or failed: no test process outlives its test.
+    """
+
+    started: ClassVar[list[Worker]] = []
+
+    @classmethod
+    def reap_all(cls) -> None:
+        while cls.started:
+            cls.started.pop().kill()
 
     def __init__(self, namespace: Namespace, log_dir: Path, name: str = "worker",
                  restarted: bool = False, **env: str) -> None:
@@ -117,6 +130,8 @@ class Worker:
         self.process = subprocess.Popen(command, env=self.env, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+        if self not in Worker.started:
+            Worker.started.append(self)
         wait_for(self._healthy, 60, f"worker on port {self.port} to answer /healthz",
                  self.log_tail)
         return self
@@ -155,10 +170,15 @@ class Worker:
                                                        text, re.M)))
 
     def kill(self) -> None:
-        """SIGKILL: no shutdown, no commit, no flush."""
-        if self.process is not None and self.process.poll() is None:
+        """SIGKILL to the whole process group: no shutdown, no commit, no flush.
+
+        Sent even when the group leader has exited: a supervisor's worker may
+        outlive it."""
+        if self.process is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(30)
+        self.process.wait(30)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -117,6 +117,56 @@ def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
                             "encryptedValue": "enc-ok"}]
 
 
+NON_STRING_JSON: list[Any] = [None, True, 3, 2.5, ["x"], {"a": "b"}]
+
+
+def test_poison_shapes_get_one_dead_letter_each_and_the_runs_around_them_are_whole(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A `type` that is a list, an object or a number; `role`, `delta` and
+    `encryptedValue` of every other JSON type: each inside a run between two valid
+    runs of its key. One dead letter each, no restart, the valid runs whole."""
+    start = {"type": "REASONING_MESSAGE_START", "messageId": "rm", "role": "reasoning"}
+    shapes: dict[str, list[dict[str, Any]]] = {
+        **{f"type-{i}": [{"type": bad, "name": "x", "value": 1}]
+           for i, bad in enumerate([["CUSTOM"], {"CUSTOM": 1}, 7])},
+        **{f"role-{i}": [{**start, "role": bad}] for i, bad in enumerate(NON_STRING_JSON)},
+        **{f"delta-{i}": [start, {"type": "REASONING_MESSAGE_CONTENT", "messageId": "rm",
+                                  "delta": bad}] for i, bad in enumerate(NON_STRING_JSON)},
+        **{f"enc-{i}": [start, {**encrypted("rm", "x"), "encryptedValue": bad}]
+           for i, bad in enumerate(NON_STRING_JSON)},
+    }
+    records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
+    for name, middle in shapes.items():
+        key = name.encode()
+        for value in [*run_events(f"t-{name}", f"{name}-before", *reasoning("a", "whole")),
+                      *run_events(f"t-{name}", f"{name}-poisoned", *middle),
+                      *run_events(f"t-{name}", f"{name}-after", *reasoning("b", "whole"))]:
+            records.append((key, value, []))
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    produce(kafka_bootstrap, namespace.events, records)
+    worker = Worker(namespace, tmp_path).start()
+    try:
+        expected = {f"{name}-{when}" for name in shapes for when in ("before", "after")}
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: {r["runId"] for r in closing(recs)} >= expected, 120,
+            "every valid run to conclude", worker.log_tail)
+        dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
+            lambda recs: len(recs) >= len(shapes), 60, "the dead letters", worker.log_tail)
+        assert worker.process is not None and worker.process.poll() is None
+        assert worker.starts == 1
+    finally:
+        worker.stop()
+    assert sorted(r.key.decode() for r in dead) == sorted(shapes)
+    assert all(r.value["code"] in ("malformed_event", "undecodable_record") for r in dead)
+    assert {r["runId"] for r in closing(history)} == expected
+    for record in history:
+        if record.value["kind"] == "message":
+            assert record.value["message"]["content"] == "whole"
+    assert "processing error" not in worker.log_path.read_text()
+
+
 def test_tenants_with_the_same_run_key_never_see_each_other(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
