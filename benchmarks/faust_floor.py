@@ -26,6 +26,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.config import Settings
+from processors.faust_adaptations import use_uvloop
 from processors.service import faust_app
 
 
@@ -33,6 +34,8 @@ def main() -> None:
     settings = Settings.from_env()
     total = int(os.environ["FLOOR_EVENTS"])
     stock = os.environ.get("FLOOR_STOCK") == "1"
+    if not stock:
+        use_uvloop()
     app = faust_app(settings, faust.App) if stock else faust_app(settings)
     source = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw")
 

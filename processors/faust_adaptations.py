@@ -15,16 +15,20 @@ private attribute would silently disable a guarantee.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final
 
 import aiokafka
 import faust
+import uvloop
 from aiokafka.errors import IllegalOperation
+from faust.sensors import Monitor
 from faust.transport.consumer import TopicPartitionGroup, TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
+from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent
 
 log = logging.getLogger("agui_stream")
@@ -50,6 +54,14 @@ def check_versions() -> None:
             f"installed {found}; the worker's Faust adaptations were checked against"
             f" {wanted} only (see processors/faust_adaptations.py). Install the pinned"
             " versions: pip install -e .")
+
+
+def use_uvloop() -> None:
+    """asyncio's own event loop spends more per record than Faust's stream machinery
+    (tasks, futures and handles for every record); uvloop runs the same code with a
+    loop written in C. Call before the first event loop is made.
+    Proof: service_bench.py (the adapted floor)."""
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def transactional_id(app: faust.App, topic: str, partition: int) -> str:
@@ -80,6 +92,62 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return await self._ensure_consumer().end_offsets(partitions)
 
 
+class LeanMonitor(Monitor):
+    """Faust's monitor keeps statistics of every message, stream event and send for
+    its own web pages, which the worker does not serve; here those per-record hooks
+    do nothing (the worker exports its own metrics). Proof: service_bench.py."""
+
+    def on_message_in(self, tp: TP, offset: int, message: Any) -> None:
+        return None
+
+    def on_stream_event_in(self, tp: TP, offset: int, stream: Any, event: Any) -> None:
+        return None
+
+    def on_stream_event_out(self, tp: TP, offset: int, stream: Any, event: Any,
+                            state: Any = None) -> None:
+        return None
+
+    def on_message_out(self, tp: TP, offset: int, message: Any) -> None:
+        return None
+
+    def on_send_initiated(self, producer: Any, topic: str, message: Any, keysize: int,
+                          valsize: int) -> None:
+        return None
+
+    def on_send_completed(self, producer: Any, state: Any, metadata: Any) -> None:
+        return None
+
+
+class _Resumed:
+    """A coroutine that has already run up to its first suspension, as an awaitable
+    that goes on from there (what `yield from` would have done)."""
+
+    __slots__ = ("_coroutine", "_pending")
+
+    def __init__(self, coroutine: Any, pending: Any) -> None:
+        self._coroutine = coroutine
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        coroutine, pending = self._coroutine, self._pending
+        while True:
+            try:
+                yield pending
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as error:  # thrown in by the task: cancellation
+                try:
+                    pending = coroutine.throw(error)
+                except StopIteration as finished:
+                    return finished.value
+            else:
+                try:
+                    pending = coroutine.send(None)
+                except StopIteration as finished:
+                    return finished.value
+
+
 class WholeRecordConsumer(faust_aiokafka.Consumer):
     """The consumer: commits cover whole records and carry the write-behind state."""
 
@@ -87,6 +155,28 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return CommittedEndsConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        """Faust hands each fetched record to its stream with `wait_first(delivery,
+        flow suspended)`, which makes four tasks per record. When the consumer runs
+        and flow is active, the delivery is first run directly: if it completes
+        without suspending (the stream's queue has room) it won, and no task is made;
+        otherwise it goes on, as Faust would, against the other conditions.
+        Proof: service_bench.py (the adapted floor); the kill and join/leave tests."""
+        first = coros[0] if coros else None
+        if (timeout is not None or not inspect.iscoroutine(first) or self.should_stop
+                or not self.flow_active):
+            return await super().wait_first(*coros, timeout=timeout)
+        try:
+            pending = first.send(None)
+        except BaseException as ended:
+            for other in coros[1:]:
+                if inspect.iscoroutine(other):
+                    other.close()  # never started
+            if isinstance(ended, StopIteration):
+                return WaitResults([first], [ended.value], False)
+            raise
+        return await super().wait_first(_Resumed(first, pending), *coros[1:])
 
     async def force_commit(self, *args: Any, **kwargs: Any) -> bool:
         """Faust commits on a timer, concurrently with the agent, so a commit could take
@@ -108,8 +198,28 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         await super().on_partitions_revoked(revoked)
 
 
+class ConcurrentCommitProducer(faust_aiokafka.Producer):
+    """Faust commits each partition's transaction after the previous one (three round
+    trips each, while the agent waits); here they commit concurrently, every one
+    attempted, the first error raised after all have finished.
+    Proof: the kill and join/leave tests; service_bench.py."""
+
+    async def commit_transactions(self, tid_to_offset_map: Any, group_id: str,
+                                  start_new_transaction: bool = True) -> None:
+        outcomes = await asyncio.gather(*(
+            super(ConcurrentCommitProducer, self).commit_transactions(
+                {transaction: offsets}, group_id,
+                start_new_transaction=start_new_transaction)
+            for transaction, offsets in tid_to_offset_map.items()
+        ), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+
 class AdaptedTransport(faust_aiokafka.Transport):
     Consumer = WholeRecordConsumer
+    Producer = ConcurrentCommitProducer
 
 
 async def _nothing_to_do() -> None:
@@ -121,6 +231,7 @@ class AdaptedApp(faust.App):
     the worker's hooks around every commit."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("Monitor", LeanMonitor)
         super().__init__(*args, **kwargs)
         # One record's processing and a commit never interleave (see WholeRecordConsumer).
         self.record_boundary = asyncio.Lock()
@@ -132,6 +243,9 @@ class AdaptedApp(faust.App):
 
     def _new_transport(self) -> Any:
         return AdaptedTransport(self.conf.broker_consumer, self)
+
+    def _new_producer_transport(self) -> Any:
+        return AdaptedTransport(self.conf.broker_producer, self)
 
     @property
     def flow_control(self) -> FlowControlEvent:

@@ -96,6 +96,8 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
         producer_max_request_size=settings.max_record_bytes + 65_536,
         # Batch what commits send (outputs, changelog entries) into few requests.
         producer_linger=0.05,
+        producer_max_batch_size=512 * 1024,
+        broker_commit_every=100_000,
         consumer_auto_offset_reset="earliest",
         consumer_group_instance_id=settings.group_instance_id,
         broker_session_timeout=settings.session_timeout_seconds,

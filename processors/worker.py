@@ -83,7 +83,7 @@ def run_worker() -> int:
         return 2
     import faust  # Faust is imported only by the commands that run it.
 
-    from processors.faust_adaptations import UncheckedVersion, check_versions
+    from processors.faust_adaptations import UncheckedVersion, check_versions, use_uvloop
     from processors.metrics import Metrics
     from processors.service import create_app
 
@@ -93,6 +93,7 @@ def run_worker() -> int:
         sys.stderr.write(f"agui-stream: {error}\n")
         return 2
 
+    use_uvloop()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Client libraries at the worker's level, never below INFO: their debug

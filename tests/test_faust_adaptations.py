@@ -1,0 +1,147 @@
+"""The Faust adaptations that can be shown without a broker."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import faust
+import pytest
+from faust.transport.consumer import TransactionManager
+
+from processors.config import Settings
+from processors.faust_adaptations import (
+    AdaptedApp,
+    ConcurrentCommitProducer,
+    LeanMonitor,
+    UncheckedVersion,
+    WholeRecordConsumer,
+    check_versions,
+    transactional_id,
+)
+from processors.service import faust_app
+
+
+def test_resume_while_active_keeps_queued_records_and_after_suspension_clears() -> None:
+    app = faust_app(Settings.from_env({}))
+    # A queue managed like the agents' stream queues and the changelog queue.
+    queue = app.FlowControlQueue(maxsize=10, clear_on_resume=True)
+    app.flow_control.resume()  # the app starts suspended
+    queue.put_nowait("record fetched after the input partitions resumed")
+    app.flow_control.resume()  # what Faust does again when table recovery completes
+    assert queue.qsize() == 1 and app.flow_control.is_active()
+    app.flow_control.suspend()  # a rebalance
+    app.flow_control.resume()
+    assert queue.qsize() == 0  # what was queued before the suspension is discarded
+
+
+def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
+    app = faust_app(Settings.from_env({}))
+    assert isinstance(app, AdaptedApp)
+    assert isinstance(app.consumer, WholeRecordConsumer)
+    assert isinstance(app.producer, ConcurrentCommitProducer)
+    assert app.consumer.transactions.producer is app.producer
+    assert isinstance(app.monitor, LeanMonitor)
+
+
+def test_the_transactional_id_is_faust_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = faust_app(Settings.from_env({"AGUI_APP_ID": "agui"}))
+    monkeypatch.setattr(app.assignor, "group_for_topic", lambda topic: 2)
+    monkeypatch.setattr(TransactionManager, "transactional_id_format",
+                        "{group_id}/{tpg.topic}/{tpg.group}/{tpg.partition}")
+    assert transactional_id(app, "agui.events", 3) == "agui/agui.events/2/3"
+
+
+def test_a_worker_refuses_unchecked_faust_and_aiokafka_versions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    check_versions()  # the pinned ones pass
+    monkeypatch.setattr(faust, "__version__", "0.16.0")
+    with pytest.raises(UncheckedVersion, match=r"faust-streaming 0\.16\.0"):
+        check_versions()
+
+
+async def _consumer() -> WholeRecordConsumer:
+    app = faust_app(Settings.from_env({}))
+    consumer = app.consumer
+    assert isinstance(consumer, WholeRecordConsumer)
+    consumer.flow_active = True
+    return consumer
+
+
+def test_a_delivery_that_completes_at_once_wins_without_a_task() -> None:
+    async def scenario() -> None:
+        consumer = await _consumer()
+        tasks_before = len(asyncio.all_tasks())
+        suspended = asyncio.Event()
+
+        async def delivered() -> str:
+            return "delivered"
+
+        flow = suspended.wait()
+        results = await consumer.wait_first(delivered(), flow)
+        assert results.results == ["delivered"] and not results.stopped
+        assert flow.cr_frame is None  # closed, never started
+        assert len(asyncio.all_tasks()) == tasks_before
+
+    asyncio.run(scenario())
+
+
+def test_a_delivery_that_suspends_goes_on_against_the_other_conditions() -> None:
+    async def scenario() -> None:
+        consumer = await _consumer()
+        room, suspended = asyncio.Event(), asyncio.Event()
+        steps: list[str] = []
+
+        async def delivery() -> str:
+            steps.append("started")
+            await room.wait()  # the stream's queue is full
+            steps.append("put")
+            return "delivered"
+
+        waiting = asyncio.ensure_future(consumer.wait_first(delivery(), suspended.wait()))
+        await asyncio.sleep(0.01)
+        assert steps == ["started"] and not waiting.done()
+        room.set()
+        results = await waiting
+        assert results.results == ["delivered"] and steps == ["started", "put"]
+
+        # A delivery still blocked when flow is suspended loses, and is cancelled.
+        room.clear()
+        cancelled: list[bool] = []
+
+        async def blocked() -> None:
+            try:
+                await room.wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        waiting = asyncio.ensure_future(consumer.wait_first(blocked(), suspended.wait()))
+        await asyncio.sleep(0.01)
+        suspended.set()
+        results = await waiting
+        assert results.results == [True]
+        await asyncio.sleep(0)
+        assert cancelled == [True]
+
+    asyncio.run(scenario())
+
+
+def test_a_delivery_error_propagates_from_either_path() -> None:
+    async def scenario() -> None:
+        consumer = await _consumer()
+
+        async def at_once() -> Any:
+            raise ValueError("at once")
+
+        async def later() -> Any:
+            await asyncio.sleep(0)
+            raise ValueError("later")
+
+        for failing in (at_once, later):
+            flow = asyncio.Event()
+            with pytest.raises(ValueError, match=failing.__name__.replace("_", " ")):
+                await consumer.wait_first(failing(), flow.wait())
+
+    asyncio.run(scenario())
