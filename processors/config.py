@@ -48,6 +48,8 @@ DOCUMENTED: Final = (
     ("AGUI_GROUP_INSTANCE_ID", "", "static group membership id (e.g. the pod name): a restart"
      " takes its partitions back at once"),
     ("AGUI_SESSION_TIMEOUT_SECONDS", "30", "a worker silent this long loses its partitions"),
+    ("AGUI_SHUTDOWN_TIMEOUT_SECONDS", "20", "a worker still stopping this long after SIGTERM"
+     " or SIGINT exits without a commit (as a kill would)"),
     ("AGUI_MAX_RECORD_BYTES", "1000000", "largest output record; larger history is not_storable"),
     ("AGUI_METRICS_PORT", "6066", "HTTP port of /metrics and /healthz"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
@@ -80,6 +82,7 @@ class Settings:
     processing_guarantee: str
     group_instance_id: str | None
     session_timeout_seconds: float
+    shutdown_timeout_seconds: float
     max_record_bytes: int
     metrics_port: int
     log_level: str
@@ -163,6 +166,8 @@ class Settings:
             group_instance_id=optional("AGUI_GROUP_INSTANCE_ID"),
             session_timeout_seconds=float(_integer(
                 "AGUI_SESSION_TIMEOUT_SECONDS", get("AGUI_SESSION_TIMEOUT_SECONDS"), 6, 1800)),
+            shutdown_timeout_seconds=float(_integer(
+                "AGUI_SHUTDOWN_TIMEOUT_SECONDS", get("AGUI_SHUTDOWN_TIMEOUT_SECONDS"), 1, 600)),
             max_record_bytes=_integer("AGUI_MAX_RECORD_BYTES", get("AGUI_MAX_RECORD_BYTES"),
                                       10_000, 100_000_000),
             metrics_port=_integer("AGUI_METRICS_PORT", get("AGUI_METRICS_PORT"), 1, 65_535),

@@ -56,6 +56,12 @@ class Metrics:
             "Records skipped because they were already applied (replay after a crash).",
             registry=r,
         )
+        self.partition_records = Counter(
+            "agui_partition_records",
+            "Raw records processed by this worker, by input partition number (bounded by"
+            " AGUI_PARTITIONS).",
+            ["partition"], registry=r,
+        )
         self.open_runs = Gauge(
             "agui_open_runs", "Runs started and not yet concluded on this worker.", registry=r
         )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from processors.kafka_client import aiokafka_options
 from topics.declarations import TopicSpec, ensure_topics, service_topics
 
 log = logging.getLogger("agui_stream")
+EXIT_NOT_STOPPED = 75  # EX_TEMPFAIL: stopping took longer than AGUI_SHUTDOWN_TIMEOUT_SECONDS
 
 
 def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
@@ -56,17 +59,28 @@ def run_create_topics() -> int:
     return 0
 
 
-def _worker_class(base: type[Any]) -> type[Any]:
+def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
     """Faust's worker with signal handlers that cannot leak reasoning or hang.
 
     mode's worker answers SIGUSR1 by writing every thread's stack with each
     frame's local variables (record values, reasoning text) and SIGUSR2 by
     starting pdb on a terminal-less process. Here SIGUSR1 logs where each task
-    waits (code locations only) and SIGUSR2 is ignored.
+    waits (code locations only) and SIGUSR2 is ignored. A stop that has not
+    finished `shutdown_timeout` seconds after SIGTERM or SIGINT (a broker gone:
+    the consumer thread waits on it for ever) ends the process without a
+    commit, which is what a kill does and is safe.
     """
     from processors.service import log_task_stacks
 
     class SignalSafeWorker(base):  # type: ignore[misc]
+        def _on_sigterm(self) -> None:
+            _exit_unless_stopped_within(shutdown_timeout)
+            super()._on_sigterm()
+
+        def _on_sigint(self) -> None:
+            _exit_unless_stopped_within(shutdown_timeout)
+            super()._on_sigint()
+
         def _on_sigusr1(self) -> None:
             log_task_stacks()
 
@@ -74,6 +88,20 @@ def _worker_class(base: type[Any]) -> type[Any]:
             log.warning("SIGUSR2 ignored: it would start a debugger")
 
     return SignalSafeWorker
+
+
+def _exit_unless_stopped_within(seconds: float) -> None:
+    """Arm a watchdog thread (it runs even when the event loop is stuck)."""
+
+    def exit_now() -> None:
+        log.error("the worker did not stop within %.0f s of the signal; exiting without"
+                  " a commit (what was not committed is processed again)", seconds)
+        logging.shutdown()
+        os._exit(EXIT_NOT_STOPPED)
+
+    watchdog = threading.Timer(seconds, exit_now)
+    watchdog.daemon = True
+    watchdog.start()
 
 
 def run_worker() -> int:
@@ -111,8 +139,8 @@ def run_worker() -> int:
         shutil.rmtree(app.conf.tabledir, ignore_errors=True)
     running.parent.mkdir(parents=True, exist_ok=True)
     running.touch()
-    worker = _worker_class(faust.Worker)(app, loglevel=settings.log_level, quiet=True,
-                                         redirect_stdouts=False)
+    worker = _worker_class(faust.Worker, settings.shutdown_timeout_seconds)(
+        app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
     try:
         worker.execute_from_commandline()
     except SystemExit as exit_:

@@ -68,18 +68,14 @@ def closing_count(records: list[Consumed]) -> int:
     return sum(r.value["kind"] == "run" for r in records)
 
 
-ROCKSDB_KILL = pytest.mark.skipif(
-    os.environ.get("AGUI_TEST_ROCKSDB_KILL") != "1",
-    reason="opt-in (AGUI_TEST_ROCKSDB_KILL=1, about 2 min): 2 of 2 passed after the"
-    " flow-control and idle-tick fixes (6 of 7 before them); see README 'Tests'",
-)
-
-
-@pytest.mark.parametrize("store", ["memory://", pytest.param("rocksdb://", marks=ROCKSDB_KILL)])
+@pytest.mark.parametrize("store", ["memory://", "rocksdb://"])
 def test_kill_9_and_restart_publishes_every_run_exactly_once(
     kafka_bootstrap: str, tmp_path: Path, store: str
 ) -> None:
-    rng = random.Random(20261130)
+    # Other kill points every run (the stress runs need that); printed for a replay.
+    seed = int(os.environ.get("AGUI_TEST_KILL_SEED", random.randrange(2**32)))
+    print(f"kill points: AGUI_TEST_KILL_SEED={seed}")
+    rng = random.Random(seed)
     runs, records = interleaved_runs(seed=7, keys=300, runs_per_key=8)  # 2,400 runs
     namespace = Namespace(kafka_bootstrap)
     namespace.create_topics()
@@ -91,7 +87,8 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     producer.start()
     worker.start()
     kills = 0
-    for fraction in sorted(rng.uniform(0.1, 0.9) for _ in range(4)):
+    planned = int(os.environ.get("AGUI_TEST_KILLS", "4"))  # benchmarks/recovery_stress.py
+    for fraction in sorted(rng.uniform(0.1, 0.9) for _ in range(planned)):
         target = int(len(runs) * fraction)
         reader.wait_until(lambda recs, t=target: closing_count(recs) >= t, 300,
                           f"{target} closing records before kill {kills + 1}", worker.log_tail)
@@ -103,15 +100,10 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
                       f"all {len(runs)} closing records", worker.log_tail)
     worker.stop()
-    assert kills == 4 and worker.starts == 5
+    assert kills == planned and worker.starts == planned + 1
     assert_exactly_once(runs, reader.records)
 
 
-@pytest.mark.skipif(
-    os.environ.get("AGUI_TEST_REBALANCE") != "1",
-    reason="opt-in (AGUI_TEST_REBALANCE=1, about 50 s): 3 of 3 passed after the flow-control"
-    " and idle-tick fixes (4 of 5 before them); see README 'Known limits'",
-)
 def test_second_worker_joining_and_leaving_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

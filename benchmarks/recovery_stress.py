@@ -1,0 +1,83 @@
+"""Run the recovery tests again and again, and print passes/runs.
+
+    .venv/bin/python benchmarks/recovery_stress.py [--runs N] [--kills K] [--only NAME]
+                                                   [--keep-going]
+
+Each round runs, in one pytest process with its own broker: the kill -9 test
+with the memory:// and the rocksdb:// store (with K kills instead of 4) and the
+join/leave test. It stops at the first failure (its pytest output is kept and
+its path printed) unless --keep-going, and prints one line per round and the
+totals: how many consecutive rounds passed from the start, and passes/runs per
+test. A stress run is not a test: it takes about 5 minutes a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTS = {
+    "kill-memory": "tests/test_service_recovery.py::"
+                   "test_kill_9_and_restart_publishes_every_run_exactly_once[memory://]",
+    "kill-rocksdb": "tests/test_service_recovery.py::"
+                    "test_kill_9_and_restart_publishes_every_run_exactly_once[rocksdb://]",
+    "join-leave": "tests/test_service_recovery.py::"
+                  "test_second_worker_joining_and_leaving_changes_nothing",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=4, help="kills per kill test")
+    parser.add_argument("--only", choices=sorted(TESTS), action="append")
+    parser.add_argument("--keep-going", action="store_true")
+    args = parser.parse_args()
+    chosen = args.only or list(TESTS)
+    logs = Path(tempfile.mkdtemp(prefix="agui-recovery-stress-"))
+    env = {**os.environ, "AGUI_TEST_KILLS": str(args.kills)}
+    passes: Counter[str] = Counter()
+    runs: Counter[str] = Counter()
+    consecutive = 0
+    broken = False
+    print(f"logs: {logs}; tests: {', '.join(chosen)}; kills per kill test: {args.kills}")
+    for round_number in range(1, args.runs + 1):
+        log = logs / f"round-{round_number}.log"
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+             *(TESTS[name] for name in chosen)],
+            cwd=REPO_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        text = log.read_text(errors="replace")
+        outcome = {}
+        for name in chosen:
+            test_id = TESTS[name].split("::", 1)[1]
+            passed = re.search(rf"^PASSED \S*::{re.escape(test_id)}\s*$", text, re.M)
+            outcome[name] = bool(passed)
+            runs[name] += 1
+            passes[name] += bool(passed)
+        round_ok = result.returncode == 0 and all(outcome.values())
+        if round_ok and not broken:
+            consecutive += 1
+        broken = broken or not round_ok
+        summary = " ".join(f"{name}={'pass' if ok else 'FAIL'}" for name, ok in outcome.items())
+        print(f"round {round_number:3}: {summary} ({time.monotonic() - started:.0f} s)"
+              + ("" if round_ok else f"  log: {log}"), flush=True)
+        if not round_ok and not args.keep_going:
+            break
+    print(f"consecutive passing rounds from the start: {consecutive}")
+    for name in chosen:
+        print(f"  {name:13} {passes[name]}/{runs[name]} passed")
+    return 0 if not broken else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
