@@ -1,0 +1,157 @@
+"""How long a second worker joining, and then leaving, stops each partition.
+
+    .venv/bin/python benchmarks/rebalance_pause.py [--events N] [--partitions P]
+                                                   [--stay SECONDS]
+
+Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` if set, else starts the local
+KRaft broker. N events of valid runs are produced to a P-partition input topic
+first, so every partition always has records waiting. One worker starts; once
+it has processed for a while a second joins, stays ``--stay`` seconds, and is
+stopped (SIGTERM). Both workers' ``agui_partition_records_total`` are scraped
+every 0.1 s. For the join and for the leave, per partition: the longest time
+with no record processed (from one second before the event to the end of its
+window), split into the partitions that moved between the workers and those
+that did not. Target (issue 9): under 10 s with 8 partitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from service_bench import broker  # noqa: E402  (benchmarks/ is this script's directory)
+
+from tests.run_generator import interleaved_runs  # noqa: E402
+from tests.service_harness import Namespace, Worker, produce, wait_for  # noqa: E402
+
+_SERIES = re.compile(r'^agui_partition_records_total\{partition="(\d+)"\} (\S+)$', re.M)
+
+
+class Scraper(threading.Thread):
+    """Samples every worker's per-partition counts until stopped."""
+
+    def __init__(self, workers: list[Worker]) -> None:
+        super().__init__(daemon=True)
+        self.workers = workers
+        self.samples: list[tuple[float, list[dict[int, float]]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        last: list[dict[int, float]] = [{} for _ in self.workers]
+        while not self.done.is_set():
+            now = time.monotonic()
+            for index, worker in enumerate(self.workers):
+                try:
+                    text = worker.metrics()
+                except OSError:
+                    continue  # not started, or stopped: keep its last counts
+                last[index] = {int(p): float(v) for p, v in _SERIES.findall(text)}
+            self.samples.append((now, [dict(counts) for counts in last]))
+            self.done.wait(0.1)
+
+    def progress(self, partition: int) -> list[tuple[float, float]]:
+        """(time, records processed of the partition by all workers)."""
+        return [(at, sum(counts.get(partition, 0.0) for counts in per_worker))
+                for at, per_worker in self.samples]
+
+    def owned_by(self, index: int, start: float, end: float) -> set[int]:
+        """Partitions worker `index` processed records of between start and end."""
+        window = [per_worker[index] for at, per_worker in self.samples if start <= at <= end]
+        if len(window) < 2:
+            return set()
+        first, last = window[0], window[-1]
+        return {p for p, count in last.items() if count > first.get(p, 0.0)}
+
+
+def longest_pause(progress: list[tuple[float, float]], start: float, end: float,
+                  produced: float) -> float:
+    """Longest time in [start, end] between two samples where the count grew.
+
+    Measured only while records remained for the partition."""
+    longest = 0.0
+    last_growth = start
+    previous = None
+    for at, count in progress:
+        if previous is not None and count > previous:
+            if at >= start:
+                longest = max(longest, at - last_growth)
+            last_growth = at
+        previous = count
+        if at > end:
+            return max(longest, end - max(last_growth, start))
+        if count >= produced:
+            return longest  # nothing left to process: not a pause
+    return longest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--stay", type=float, default=25.0)
+    parser.add_argument("--store", default="rocksdb://", choices=["rocksdb://", "memory://"])
+    parser.add_argument("--static", action="store_true",
+                        help="static membership (AGUI_GROUP_INSTANCE_ID): a worker that"
+                        " stops does not leave the group; its partitions wait out the"
+                        " session timeout (10 s here)")
+    args = parser.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="agui-rebalance-pause-"))
+    print(f"worker logs: {log_dir}")
+    with broker() as bootstrap:
+        namespace = Namespace(bootstrap, partitions=args.partitions)
+        namespace.create_topics()
+        runs_per_key = 6
+        keys = max(1, round(args.events / (19.5 * runs_per_key)))
+        _, records = interleaved_runs(11, keys, runs_per_key)
+        produced = produce(bootstrap, namespace.events, ((k, v, []) for k, v in records))
+        per_partition = {p: float(sum(1 for r in produced if r.partition == p))
+                         for p in range(args.partitions)}
+        print(f"input: {len(records):,} events on {args.partitions} partitions;"
+              f" store {args.store}; {'static' if args.static else 'dynamic'} membership")
+        membership = (lambda name: {"AGUI_GROUP_INSTANCE_ID": name}) if args.static else (
+            lambda name: {})
+        first, second = (Worker(namespace, log_dir, name=name, AGUI_STORE=args.store,
+                                AGUI_SESSION_TIMEOUT_SECONDS="10", **membership(name))
+                         for name in ("first", "second"))
+        scraper = Scraper([first, second])
+        try:
+            first.start()
+            scraper.start()
+            wait_for(lambda: first.processed() > 20_000, 120, "the first worker to get going")
+            joined = time.monotonic()
+            second.start()
+            wait_for(lambda: second.processed() > 0, 120, "the second worker to process")
+            time.sleep(args.stay)
+            left = time.monotonic()
+            second.stop()
+            time.sleep(args.stay)
+            finished = time.monotonic()
+        finally:
+            scraper.done.set()
+            scraper.join(5)
+            second.stop()
+            first.stop()
+    moved = scraper.owned_by(1, joined, left)
+    print(f"the second worker took partitions {sorted(moved)}")
+    for event, start, end in (("join", joined, left), ("leave", left, finished)):
+        pauses = {p: longest_pause(scraper.progress(p), start - 1.0, end, per_partition[p])
+                  for p in range(args.partitions)}
+        for group, members in (("moved", moved), ("stayed", set(pauses) - moved)):
+            if members:
+                worst = max(pauses[p] for p in members)
+                listed = ", ".join(f"{p}: {pauses[p]:.1f}" for p in sorted(members))
+                print(f"  {event:5} {group:6} partitions: longest pause {worst:5.1f} s"
+                      f" ({listed})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
