@@ -547,6 +547,95 @@ def part_changelog(bootstrap: str, log_dir: Path, workers: list[Worker], prefixe
 
 
 # ---------------------------------------------------------------------------------------
+# 4. concurrent runs: changelog records per input record, and history latency
+# ---------------------------------------------------------------------------------------
+
+
+async def _paced_runs(bootstrap: str, events: str, history: str,
+                      runs: list[tuple[bytes, list[bytes]]], rate: float) -> list[float]:
+    """Produce the runs' records interleaved (one record of each run in turn) at
+    `rate` records/s; return, per run, seconds from producing its RUN_FINISHED to
+    its closing history record becoming readable (read_committed)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1,
+                                enable_idempotence=True)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                isolation_level="read_committed",
+                                auto_offset_reset="earliest")
+    await producer.start()
+    await consumer.start()
+    finished_at: dict[str, float] = {}
+    readable_at: dict[str, float] = {}
+    try:
+        consumer.subscribe([history])
+
+        async def read_history() -> None:
+            while len(readable_at) < len(runs):
+                for messages in (await consumer.getmany(timeout_ms=100)).values():
+                    now = time.monotonic()
+                    for message in messages:
+                        value = orjson.loads(message.value)
+                        if value.get("kind") == "run":
+                            readable_at.setdefault(value["threadId"], now)
+
+        reader = asyncio.ensure_future(read_history())
+        longest = max(len(values) for _, values in runs)
+        started = time.monotonic()
+        sent = 0
+        for index in range(longest):
+            for key, values in runs:
+                if index < len(values):
+                    await producer.send(events, values[index], key=key)
+                    sent += 1
+                    if index == len(values) - 1:
+                        await producer.flush()
+                        finished_at[key.decode()] = time.monotonic()
+                    ahead = sent / rate - (time.monotonic() - started)
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
+        await producer.flush()
+        await asyncio.wait_for(reader, 300)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    return [readable_at[thread] - finished_at[thread] for thread in finished_at]
+
+
+def part_concurrent(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
+                    concurrent: int, deltas: int, rate: float, seed: int) -> dict[str, Any]:
+    print(f"\n== 4. {concurrent} concurrent runs streaming {deltas} deltas each, "
+          f"{rate:,.0f} records/s ==")
+    rng = random.Random(seed)
+    ns = Namespace(bootstrap)
+    prefixes.append(ns.prefix)
+    ns.create_topics()
+    worker = Worker(ns, log_dir, name="concurrent", AGUI_PROCESSING_GUARANTEE="exactly_once",
+                    AGUI_STORE="memory://")
+    workers.append(worker)
+    worker.start()
+    runs = [(f"conc-{i}".encode(), one_message_run(f"conc-{i}", deltas,
+                                                   lambda _: text(rng, 1, 200)))
+            for i in range(concurrent)]
+    total = sum(len(values) for _, values in runs)
+    try:
+        latencies = sorted(asyncio.run(_paced_runs(bootstrap, ns.events, ns.history, runs,
+                                                    rate)))
+    finally:
+        worker.stop()
+    changelog = sum(len(read_topic(bootstrap, f"{ns.app_id}-{table}-changelog"))
+                    for table in ("run-state", "run-text"))
+
+    def quantile(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
+    print(f"  input {total:,} records; changelog {changelog:,} records: "
+          f"{changelog / total:.4f} per input record (target <= 0.05)")
+    print(f"  RUN_FINISHED produced -> closing record readable (read_committed), "
+          f"{len(latencies)} runs: p50 {quantile(0.5):.2f} s, p99 {quantile(0.99):.2f} s, "
+          f"max {latencies[-1]:.2f} s (target p99 <= the commit interval, 2.8 s, + 0.1 s)")
+    return {"changelog_per_input": changelog / total, "p99": quantile(0.99)}
+
+
+# ---------------------------------------------------------------------------------------
 # 3. memory per open run
 # ---------------------------------------------------------------------------------------
 
@@ -652,7 +741,10 @@ def main() -> int:
     parser.add_argument("--no-at-least-once", action="store_true",
                         help="skip the at_least_once worker (shown for comparison only)")
     parser.add_argument("--keep-topics", action="store_true")
-    parser.add_argument("--only", choices=["throughput", "changelog", "memory"])
+    parser.add_argument("--concurrent", type=int, default=200)
+    parser.add_argument("--rate", type=float, default=3_000.0,
+                        help="records/s produced in part 4 (below the worker's capacity)")
+    parser.add_argument("--only", choices=["throughput", "changelog", "memory", "concurrent"])
     args = parser.parse_args()
 
     log_dir = Path(tempfile.mkdtemp(prefix="agui-service-bench-"))
@@ -667,6 +759,9 @@ def main() -> int:
                                 not args.no_rocksdb, not args.no_at_least_once)
             if args.only in (None, "changelog"):
                 part_changelog(bootstrap, log_dir, workers, prefixes, args.deltas, args.seed)
+            if args.only in (None, "concurrent"):
+                part_concurrent(bootstrap, log_dir, workers, prefixes, args.concurrent, 100,
+                                args.rate, args.seed)
             if args.only in (None, "memory"):
                 part_memory(bootstrap, log_dir, workers, prefixes, args.open_runs, args.seed)
         finally:
