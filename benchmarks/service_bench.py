@@ -475,6 +475,18 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
 # ---------------------------------------------------------------------------------------
 
 
+def bench_worker(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
+                 name: str, **env: str) -> tuple[Namespace, Worker]:
+    """A part's own topics and a started worker on them (stopped at the end of main)."""
+    ns = Namespace(bootstrap)
+    prefixes.append(ns.prefix)
+    ns.create_topics()
+    worker = Worker(ns, log_dir, name=name, AGUI_PROCESSING_GUARANTEE="exactly_once", **env)
+    workers.append(worker)
+    worker.start()
+    return ns, worker
+
+
 def one_message_run(key: str, deltas: int, delta: Callable[[int], str]) -> list[bytes]:
     run_id, message_id = f"{key}-run", f"{key}-m"
     events: list[dict[str, Any]] = [
@@ -492,12 +504,7 @@ def part_changelog(bootstrap: str, log_dir: Path, workers: list[Worker], prefixe
                    deltas: int, seed: int) -> list[dict[str, Any]]:
     print(f"\n== 2. changelog bytes per input byte, one message of {deltas:,} deltas ==")
     rng = random.Random(seed)
-    ns = Namespace(bootstrap)
-    prefixes.append(ns.prefix)
-    ns.create_topics()
-    worker = Worker(ns, log_dir, name="changelog", AGUI_PROCESSING_GUARANTEE="exactly_once")
-    workers.append(worker)
-    worker.start()
+    ns, worker = bench_worker(bootstrap, log_dir, workers, prefixes, "changelog")
     out = []
     try:
         cases = [("normal", "20-200 B deltas", lambda i: text(rng, 20, 200)),
@@ -605,13 +612,8 @@ def part_concurrent(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
     print(f"\n== 4. {concurrent} concurrent runs streaming {deltas} deltas each, "
           f"{rate:,.0f} records/s ==")
     rng = random.Random(seed)
-    ns = Namespace(bootstrap)
-    prefixes.append(ns.prefix)
-    ns.create_topics()
-    worker = Worker(ns, log_dir, name="concurrent", AGUI_PROCESSING_GUARANTEE="exactly_once",
-                    AGUI_STORE="memory://")
-    workers.append(worker)
-    worker.start()
+    ns, worker = bench_worker(bootstrap, log_dir, workers, prefixes, "concurrent",
+                              AGUI_STORE="memory://")
     runs = [(f"conc-{i}".encode(), one_message_run(f"conc-{i}", deltas,
                                                    lambda _: text(rng, 1, 200)))
             for i in range(concurrent)]
@@ -654,13 +656,8 @@ def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: 
                 open_runs: int, seed: int) -> dict[str, Any]:
     print(f"\n== 3. memory per open run, idle ({open_runs:,} runs that never finish) ==")
     rng = random.Random(seed)
-    ns = Namespace(bootstrap)
-    prefixes.append(ns.prefix)
-    ns.create_topics()
-    worker = Worker(ns, log_dir, name="memory", AGUI_STORE="memory://",
-                    AGUI_PROCESSING_GUARANTEE="exactly_once")
-    workers.append(worker)
-    worker.start()
+    ns, worker = bench_worker(bootstrap, log_dir, workers, prefixes, "memory",
+                              AGUI_STORE="memory://")
     try:
         assert worker.process is not None
         pid = worker.process.pid

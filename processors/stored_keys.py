@@ -20,9 +20,9 @@ those offsets produced, and the replay guard skips records already applied.
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
 from dataclasses import dataclass
 
+from processors.engine.content import InMemoryContentStore
 from processors.engine.state import KeyState
 
 _FORMAT = 2  # first byte of a state entry; anything else is not ours to read
@@ -112,28 +112,22 @@ def decode_chunk(value: bytes) -> list[tuple[int, str]]:
     return fragments
 
 
-class WriteBehindText:
+class WriteBehindText(InMemoryContentStore):
     """A key's streamed text in memory, with what is not yet persisted.
 
     The engine appends each delta to a slot's list (no I/O per delta);
     `unpersisted()` returns what came since the last call, as one chunk.
     """
 
-    __slots__ = ("_cleared", "_parts", "_persisted")
+    __slots__ = ("_cleared", "_persisted")
 
     def __init__(self) -> None:
-        self._parts: defaultdict[int, list[str]] = defaultdict(list)
+        super().__init__()
         self._persisted: dict[int, int] = {}  # slot -> fragments already in a chunk
         self._cleared = False  # a run ended since the last `unpersisted()`
 
-    def fragments(self, slot: int) -> list[str]:
-        return self._parts[slot]
-
-    def texts(self) -> dict[int, str]:
-        return {slot: "".join(parts) for slot, parts in self._parts.items()}
-
     def clear(self) -> None:
-        self._parts.clear()
+        super().clear()
         self._persisted.clear()
         self._cleared = True
 

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,10 +88,14 @@ class Namespace:
 # Restarts the worker when it exits with EXIT_UNSENT, as the deployments do
 # (StatefulSet, compose `restart: unless-stopped`); a SIGTERM to the process
 # group stops the worker and then this loop, once the worker has exited.
+# A worker must not outlive its owner, even a SIGKILLed pytest: the kernel kills
+# it when its parent dies (util-linux setpriv), as it does the local broker.
+_SETPRIV = shutil.which("setpriv")
+_DIE_WITH_PARENT = [_SETPRIV, "--pdeathsig", "KILL"] if _SETPRIV else []
 _SUPERVISOR = f"""
 trap 'wait "$child"; exit' TERM
 while :; do
-  "{AGUI_STREAM}" worker & child=$!
+  {" ".join(_DIE_WITH_PARENT)} "{AGUI_STREAM}" worker & child=$!
   wait "$child"; code=$?
   [ "$code" -eq {EXIT_UNSENT} ] || exit "$code"
 done
@@ -126,7 +131,8 @@ class Worker:
     def start(self) -> Worker:
         self.starts += 1
         log = self.log_path.open("ab")
-        command = ["bash", "-c", _SUPERVISOR] if self.restarted else [AGUI_STREAM, "worker"]
+        command = [*_DIE_WITH_PARENT, *(["bash", "-c", _SUPERVISOR] if self.restarted
+                                        else [AGUI_STREAM, "worker"])]
         self.process = subprocess.Popen(command, env=self.env, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
