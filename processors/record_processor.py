@@ -30,9 +30,11 @@ from processors.stored_keys import (
     WriteBehindText,
     chunk_key,
     decode_chunk,
+    decode_legacy_state,
     decode_state,
     encode_chunk,
     encode_state,
+    legacy_text_keys,
     partition_of,
 )
 
@@ -72,6 +74,7 @@ class CachedKey:
     stored_chunks: int = 0  # chunk numbers that may be stored (of any run): 0 .. n-1
     persisted_state: bytes | None = None  # the state entry as last handed out
     freed: bool = False  # to delete at the next changes(), then forget
+    stale_texts: list[bytes] = field(default_factory=list)  # text entries to delete
 
     @classmethod
     def empty(cls, partition: int, now: float, phase: Phase = Phase.FRESH) -> CachedKey:
@@ -228,16 +231,22 @@ class RecordProcessor:
             for number in range(stored.chunks):
                 text.restore(decode_chunk(self.stored.texts[chunk_key(state_key, number)]))
         except Exception as error:
-            # One dead letter for the key's lost run; the key is freed and goes on empty.
-            _log_contained(error, "stored state of a key could not be read; its run was"
-                           " failed and its state freed", record)
-            cached = CachedKey.empty(partition, now, Phase.FAILED)
+            legacy = decode_legacy_state(value)
+            if legacy is not None and legacy.run is None:
+                # Written before write-behind, no run open: rewritten, nothing lost.
+                cached = CachedKey.empty(partition, now, legacy.phase)
+            else:
+                # One dead letter for the key's lost run; it is freed and goes on empty.
+                _log_contained(error, "stored state of a key could not be read; its run"
+                               " was failed and its state freed", record)
+                cached = CachedKey.empty(partition, now, Phase.FAILED)
+                if record is not None:
+                    tenant = split_state_key(state_key)[0]
+                    out.append(self.builder.dead_letter_for_exception(record, tenant))
             cached.stored_chunks = self._stored_chunks(state_key)
-            cached.persisted_state = value  # so that the reset state replaces it
+            cached.stale_texts = legacy_text_keys(state_key, self.stored.texts)
+            cached.persisted_state = value  # so that the new state replaces it
             self._part(partition).dirty[state_key] = None
-            if record is not None:
-                tenant = split_state_key(state_key)[0]
-                out.append(self.builder.dead_letter_for_exception(record, tenant))
             return cached
         return CachedKey(KeyEngine(stored.state, text), text, partition, now,
                          stored.applied, stored.chunks, stored.chunks, value)
@@ -268,6 +277,9 @@ class RecordProcessor:
             yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks),
                               encode_chunk(fresh))
             cached.chunks += 1
+        for stale in cached.stale_texts:
+            yield StateChange(TEXT_TABLE, stale, None)
+        cached.stale_texts = []
         keep = 0 if cached.freed else cached.chunks
         for number in range(keep, cached.stored_chunks):
             yield StateChange(TEXT_TABLE, chunk_key(state_key, number), None)

@@ -20,6 +20,7 @@ those offsets produced, and the replay guard skips records already applied.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from processors.engine.content import InMemoryContentStore
@@ -79,10 +80,45 @@ def decode_state(value: bytes) -> StoredKey:
 
 
 def partition_of(value: bytes) -> int | None:
-    """The partition a state entry belongs to, without decoding the rest."""
-    if len(value) < _STATE_HEADER.size or value[0] != _FORMAT:
+    """The partition a state entry belongs to (None: unreadable)."""
+    if len(value) >= _STATE_HEADER.size and value[0] == _FORMAT:
+        return int(_STATE_HEADER.unpack_from(value)[1])
+    if decode_legacy_state(value) is not None:
+        return int(_LEGACY_PARTITION.unpack_from(value)[0])
+    return None
+
+
+# The encoding before write-behind: a state entry was the partition (u32) and the
+# engine state; the text table held each fragment (`state_key 0x01 <u64 n>`) and a
+# progress entry (`state_key 0x02`: fragment count, last offset, partition, topic).
+_LEGACY_PARTITION = struct.Struct(">I")
+_LEGACY_PROGRESS_MARK = b"\x02"
+_LEGACY_PROGRESS = struct.Struct(">QqI")
+_LEGACY_FRAGMENT_NUMBER = struct.Struct(">Q")
+
+
+def decode_legacy_state(value: bytes) -> KeyState | None:
+    """The engine state of a state entry in the encoding before write-behind, or None."""
+    if len(value) <= _LEGACY_PARTITION.size or value[0] == _FORMAT:
         return None
-    return int(_STATE_HEADER.unpack_from(value)[1])
+    try:
+        return KeyState.from_json(value[_LEGACY_PARTITION.size:])
+    except Exception:  # not that encoding either
+        return None
+
+
+def legacy_text_keys(state_key: bytes, texts: Mapping[bytes, bytes]) -> list[bytes]:
+    """The text entries the encoding before write-behind left for a key (to delete)."""
+    progress_key = state_key + _LEGACY_PROGRESS_MARK
+    progress = texts.get(progress_key)
+    if progress is None:
+        return []
+    try:
+        count = int(_LEGACY_PROGRESS.unpack_from(progress)[0])
+    except struct.error:
+        count = 0
+    return [progress_key, *(state_key + _CHUNK_MARK + _LEGACY_FRAGMENT_NUMBER.pack(number)
+                            for number in range(count))]
 
 
 def chunk_key(state_key: bytes, number: int) -> bytes:

@@ -3,6 +3,7 @@ state, crashes between commits, containment and poison input."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.engine.engine import KeyEngine
+from processors.engine.state import KeyState, Phase
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.record_processor import (
@@ -256,6 +258,43 @@ def test_a_stored_state_that_cannot_be_decoded_fails_once_and_is_freed() -> None
     assert committed.tables[TEXT_TABLE] == {}
     again = feed(committed.processor(), (feeder.record(e) for e in text_run("r2", ["x"])))
     assert dead_letters(again) == [] and contents(again) == ["x"]
+
+
+def legacy_entries(committed: Committed, state: KeyState, fragments: list[str]) -> None:
+    """Entries as the release before write-behind stored them, for key k1 on partition 0."""
+    state_key = state_key_for("default", b"k1")
+    committed.tables[STATE_TABLE][state_key] = struct.pack(">I", 0) + state.to_json()
+    texts = committed.tables[TEXT_TABLE]
+    texts[state_key + b"\x02"] = struct.pack(">QqI", len(fragments), 41, 0) + TOPIC.encode()
+    for number, fragment in enumerate(fragments):
+        texts[state_key + b"\x01" + struct.pack(">Q", number)] = (
+            struct.pack(">I", 0) + fragment.encode())
+
+
+def test_a_key_stored_before_write_behind_with_no_open_run_is_rewritten_quietly() -> None:
+    committed = Committed()
+    legacy_entries(committed, KeyState(Phase.FINISHED), [])
+    processor = committed.processor()
+    feeder = Feeder()
+    out = feed(processor, (feeder.record(e) for e in text_run("r2", ["new"])))
+    assert dead_letters(out) == [] and contents(out) == ["new"]
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}  # its progress entry is gone
+    [value] = committed.tables[STATE_TABLE].values()
+    assert value[0] == 2  # the current encoding
+
+
+def test_a_run_stored_open_before_write_behind_fails_once_and_leaves_nothing() -> None:
+    committed = Committed()
+    engine = KeyEngine()
+    for event in text_run("r1", ["OLD"])[:3]:
+        engine.feed(orjson.dumps(event))
+    legacy_entries(committed, engine.state, ["OLD"])
+    processor = committed.processor()
+    out = processor.sweep(0, 0.0, tick())  # found by the sweep after an assignment
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}
 
 
 def test_a_dead_letter_whose_event_copy_fails_is_still_sent_without_it(
