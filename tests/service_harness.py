@@ -194,13 +194,29 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def log_tail(self) -> str:
+    def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_bytes().decode("utf-8", "replace")
         except OSError:
             return ""
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return "\n".join(lines[-40:])
+        kept = [line.strip() for line in text.splitlines() if line.strip()]
+        return "\n".join(kept[-lines:])
+
+    def stuck_report(self) -> str:
+        """Where the worker's tasks wait (its SIGUSR1 dump), and its log before that:
+        what a test that timed out waiting on the worker shows."""
+        if self.process is None or self.process.poll() is not None:
+            return self.log_tail()
+        pids = [self.process.pid]
+        if self.restarted:  # the worker is the supervisor's child
+            children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+            with contextlib.suppress(OSError):
+                pids = [int(pid) for pid in children.read_text().split()]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)  # the dump is logged by the worker's event loop
+        return self.log_tail(200)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str,

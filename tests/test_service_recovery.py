@@ -98,7 +98,9 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     producer.join(300)
     assert producer.error is None, producer.error
     reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
-                      f"all {len(runs)} closing records", worker.log_tail)
+                      f"all {len(runs)} closing records",
+                      lambda: f"{closing_count(reader.records)} closing records read;"
+                      f" worker:\n{worker.stuck_report()}")
     worker.stop()
     assert kills == planned and worker.starts == planned + 1
     assert_exactly_once(runs, reader.records)
@@ -136,6 +138,8 @@ def test_second_worker_joining_and_leaving_changes_nothing(
         thread.join(300)
         assert thread.error is None, thread.error
     reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
-                      f"all {len(runs)} closing records", first.log_tail)
+                      f"all {len(runs)} closing records",
+                      lambda: f"{closing_count(reader.records)} closing records read;"
+                      f" first worker:\n{first.stuck_report()}")
     first.stop()
     assert_exactly_once(runs, reader.records)
