@@ -37,11 +37,9 @@ from processors.stored_keys import (
     legacy_text_keys,
     partition_of,
 )
+from topics.declarations import STATE_TABLE, TEXT_TABLE
 
 log = logging.getLogger("agui_stream")
-
-STATE_TABLE = "run-state"
-TEXT_TABLE = "run-text"
 
 
 class StoredTables:
@@ -249,7 +247,8 @@ class RecordProcessor:
             self._part(partition).dirty[state_key] = None
             return cached
         return CachedKey(KeyEngine(stored.state, text), text, partition, now,
-                         stored.applied, stored.chunks, stored.chunks, value)
+                         applied=stored.applied, chunks=stored.chunks,
+                         stored_chunks=stored.chunks, persisted_state=value)
 
     def _touch(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         self._part(cached.partition).dirty[state_key] = None

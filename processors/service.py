@@ -38,13 +38,11 @@ from processors.kafka_client import faust_credentials
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.record_processor import (
-    STATE_TABLE,
-    TEXT_TABLE,
     RecordProcessor,
     StateChange,
     StoredTables,
 )
-from topics.declarations import idle_ticks_topic
+from topics.declarations import STATE_TABLE, TEXT_TABLE, idle_ticks_topic
 
 log = logging.getLogger("agui_stream")
 

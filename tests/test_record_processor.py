@@ -17,8 +17,6 @@ from processors.engine.state import KeyState, Phase
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.record_processor import (
-    STATE_TABLE,
-    TEXT_TABLE,
     RecordProcessor,
     StoredTables,
     state_key_for,
@@ -34,6 +32,7 @@ from tests.engine_helpers import (
     t_end,
     t_start,
 )
+from topics.declarations import STATE_TABLE, TEXT_TABLE
 
 TOPIC = "events"
 HISTORY = "history"

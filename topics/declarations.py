@@ -26,7 +26,9 @@ class TopicSpec:
 
 
 # The service's Faust tables (processors.service), each with a changelog topic.
-TABLE_NAMES = ("run-state", "run-text")
+STATE_TABLE = "run-state"  # per key: engine state, partition, replay guard, chunk count
+TEXT_TABLE = "run-text"  # per key: the active run's streamed text, one chunk per commit
+TABLE_NAMES = (STATE_TABLE, TEXT_TABLE)
 
 
 def changelog_topic(app_id: str, table: str) -> str:
