@@ -77,7 +77,26 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
+        # Labelled children of the per-record counters, looked up once: `labels()`
+        # costs three times the increment (1.35 against 0.41 us).
+        self._events_by_type: dict[str, Counter] = {}
+        self._records_by_partition: dict[int, Counter] = {}
         self._expose_every_label()
+
+    def count_event(self, event_type: str) -> None:
+        """One raw record of `event_type` consumed."""
+        counter = self._events_by_type.get(event_type)
+        if counter is None:
+            counter = self._events_by_type[event_type] = self.events.labels(event_type)
+        counter.inc()
+
+    def count_partition_record(self, partition: int) -> None:
+        """One raw record of input partition `partition` processed."""
+        counter = self._records_by_partition.get(partition)
+        if counter is None:
+            counter = self._records_by_partition[partition] = self.partition_records.labels(
+                str(partition))
+        counter.inc()
 
     def _expose_every_label(self) -> None:
         """Export every series of the closed label sets from the start, at 0.

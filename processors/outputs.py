@@ -66,16 +66,10 @@ class OutputBuilder:
         self.deadletter_topic = deadletter_topic
         self.max_record_bytes = max_record_bytes
         self.metrics = metrics
-        # Labelled children looked up once: `labels()` costs more than the increment.
-        self._events_by_type: dict[str, Any] = {}
 
     def build(self, step: Step, record: Incoming, tenant: str) -> list[Outgoing]:
         metrics = self.metrics
-        counter = self._events_by_type.get(step.event_type)
-        if counter is None:
-            counter = self._events_by_type[step.event_type] = metrics.events.labels(
-                step.event_type)
-        counter.inc()
+        metrics.count_event(step.event_type)
         out: list[Outgoing] = []
         for decision in step.decisions:
             if isinstance(decision, Warned):

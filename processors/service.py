@@ -139,7 +139,6 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         idle_timeout=settings.idle_timeout_seconds)
     # What each partition's records produced since the last commit.
     unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
-    processed_by_partition: dict[int, Any] = {}  # labelled counters, looked up once
     started = {"ready": False}
 
     @app.agent(source)
@@ -158,11 +157,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
                     produced = processor.sweep(message.partition, time.time(), record)
                 else:
                     produced = processor.process(record, time.time())
-                    counter = processed_by_partition.get(message.partition)
-                    if counter is None:
-                        counter = processed_by_partition[message.partition] = (
-                            metrics.partition_records.labels(str(message.partition)))
-                    counter.inc()
+                    metrics.count_partition_record(message.partition)
                 if produced:
                     unsent[message.partition].extend(produced)
                 event.ack()
