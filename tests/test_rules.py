@@ -807,6 +807,84 @@ def test_tagged_chunk_continues_its_own_lane() -> None:
     assert [(m["id"], m["content"]) for m in messages] == [("a", "12"), ("b", "xy")]
 
 
+# One item pending in each lane: x0 in the parent's, x1 in sub-1's, x2 in sub-2's.
+_LANE_ITEMS = {"x0": None, "x1": "sub-1", "x2": "sub-2"}
+
+
+def _chunk_of(kind: str, item_id: str | None, delta: str, tag: str | None,
+              first: bool = False) -> dict[str, Any]:
+    fields: dict[str, Any] = {"delta": delta}
+    if item_id is not None:
+        fields["toolCallId" if kind == "tool" else "messageId"] = item_id
+    if first and kind == "tool":
+        fields["toolCallName"] = "lookup"
+    if tag is not None:
+        fields["subagentRunId"] = tag
+    return {"reasoning": r_chunk, "text": t_chunk, "tool": tc_chunk}[kind](**fields)
+
+
+def _item_texts(kind: str, messages: list[dict[str, Any]]) -> dict[str, str]:
+    if kind == "tool":
+        return {call["id"]: call["function"]["arguments"]
+                for m in messages for call in m.get("toolCalls", [])}
+    return {m["id"]: m["content"] for m in messages}
+
+
+@pytest.mark.parametrize("kind", ["reasoning", "text", "tool"])
+@pytest.mark.parametrize(
+    ("tag", "item_id", "expected"),
+    [
+        # the tag of the lane that has the item pending: continues it
+        ("sub-1", "x1", {"x0": "x0|0", "x1": "x1+|1", "x2": "x2|2"}),
+        (None, "x0", {"x0": "x0+|0", "x1": "x1|1", "x2": "x2|2"}),
+        # absent tag, another lane's item: continues that item, closes nothing
+        (None, "x1", {"x0": "x0|0", "x1": "x1+|1", "x2": "x2|2"}),
+        # another tag than the item's owner: owner_mismatch, not a second open
+        ("sub-2", "x1", "owner_mismatch"),
+        ("sub-1", "x0", "owner_mismatch"),
+        ("sub-1", "x2", "owner_mismatch"),
+        # a new id: closes the chunk's own lane's item and opens the new one there
+        ("sub-1", "new", {"x0": "x0|0", "x1": "x1", "new": "+|1", "x2": "x2|2"}),
+        (None, "new", {"x0": "x0", "new": "+|0", "x1": "x1|1", "x2": "x2|2"}),
+        ("sub-3", "new", {"x0": "x0|0", "x1": "x1|1", "x2": "x2|2", "new": "+"}),
+    ],
+    ids=lambda v: repr(v) if not isinstance(v, dict) else "",
+)
+def test_chunk_id_names_one_item_whatever_the_lane(
+    kind: str, tag: str | None, item_id: str, expected: dict[str, str] | str
+) -> None:
+    opened = [_chunk_of(kind, item, item, lane, first=True) for item, lane in _LANE_ITEMS.items()]
+    chunk = _chunk_of(kind, item_id, "+", tag, first=item_id == "new")
+    # Id-less continuations: each lane's pending item gets "|" and its lane's digit.
+    then = [_chunk_of(kind, None, "|1", "sub-1"), _chunk_of(kind, None, "|2", "sub-2"),
+            _chunk_of(kind, None, "|0", None)]
+    replay = play_run(*opened, chunk, *then)
+    if isinstance(expected, str):
+        fails_at(replay, 5, expected)
+        return
+    assert replay.failures == [], replay.entries()
+    assert _item_texts(kind, replay.messages) == expected
+    owners = {m.get("subagentRunId") for m in replay.messages if kind != "tool"}
+    assert kind == "tool" or owners == {None, "sub-1", "sub-2", *([tag] if tag else [])}
+
+
+def test_chunk_of_another_lane_item_closed_by_an_end_is_not_open() -> None:
+    # The END closed x1 while it was sub-1's pending item; a chunk naming it
+    # expands to a CONTENT of a message that is not open.
+    fails_at(play_run(r_chunk(messageId="x1", delta="a", subagentRunId="sub-1"), r_end("x1"),
+                      r_chunk(messageId="x1", delta="b")), 4, "message_not_open")
+    fails_at(play_run(r_chunk(messageId="x1", delta="a", subagentRunId="sub-1"), r_end("x1"),
+                      r_chunk(delta="b", subagentRunId="sub-1")), 4, "message_not_open")
+
+
+def test_issue_example_untagged_chunk_continues_the_subagent_item() -> None:
+    messages = finished_clean(play_run(
+        r_chunk(messageId="rm1", delta="a ", subagentRunId="sub-1"),
+        r_chunk(messageId="rm1", delta="b ")))
+    assert messages == [{"id": "rm1", "role": "reasoning", "content": "a b ",
+                         "subagentRunId": "sub-1"}]
+
+
 def test_explicit_start_then_chunk_same_id_is_second_open() -> None:
     fails_at(play_run(r_start("m"), r_chunk(messageId="m", delta="x")), 3,
              "message_already_open")

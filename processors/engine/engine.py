@@ -286,7 +286,7 @@ class KeyEngine:
                 id_field, hot_id = "subagentRunId", tag
             else:
                 return False
-            if pending is None or pending[0] is not kind:
+            if pending is None or pending[0] is not kind or pending[1] not in run.open[kind]:
                 return False
             item_id = pending[1]
         if kind is _TOOL:
@@ -343,9 +343,9 @@ class KeyEngine:
         """The fast path for a bare start of a message: a START with a role, or the
         first CHUNK of the parent lane with a delta (`{type, messageId, role|delta}`).
 
-        Taken only when the message is not open and the parent lane has no
-        pending chunk item, so the start can neither fail nor close anything;
-        the general handler then applies it.
+        Taken only when the message is not open, the parent lane has no
+        pending chunk item and no lane has it pending, so the start can
+        neither fail nor close anything; the general handler then applies it.
         """
         namespace, key, accepted = _FAST_STARTS[event_type]
         message_id = event.get("messageId")
@@ -357,6 +357,8 @@ class KeyEngine:
         kind = _CHUNK_KINDS.get(event_type)
         if kind is None:
             _HANDLERS[event_type](self, run, event)
+        elif (kind, message_id) in run.lanes.values():
+            return False
         else:
             self._chunk(run, kind, event)
         return True
@@ -565,10 +567,17 @@ class KeyEngine:
         lanes = run.lanes
         if item_id is not None:
             pending = lanes.get(tag)
+            if pending is not None and pending[0] is kind and pending[1] == item_id:
+                self._chunk_continue(run, kind, item_id, event)
+                return
+            if (kind, item_id) in lanes.values():
+                # An id names one item, whatever lane the chunk is tagged with
+                # (rule book section 9): it continues the item where it is
+                # pending and closes nothing; a tag that disagrees with the
+                # item's owner fails in the continuation's owner check.
+                self._chunk_continue(run, kind, item_id, event)
+                return
             if pending is not None:
-                if pending[0] is kind and pending[1] == item_id:
-                    self._chunk_continue(run, kind, item_id, event)
-                    return
                 self._close_lane(run, tag)
             self._chunk_open(run, kind, item_id, event)
             lanes[tag] = (kind, item_id)
@@ -631,6 +640,9 @@ class KeyEngine:
     def _chunk_continue(
         self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
     ) -> None:
+        # What the expansion makes of it: a CONTENT/ARGS, which needs the item
+        # open (an explicit END elsewhere may have closed a lane's pending item).
+        self._require_open(run, kind, item_id, event.get("subagentRunId"))
         delta = event.get("delta")
         metadata = event.get("metadata")
         if kind is ChunkKind.TOOL:
