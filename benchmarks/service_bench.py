@@ -1,6 +1,6 @@
 """The service on a real broker: throughput, changelog bytes, memory per open run.
 
-    .venv/bin/python benchmarks/service_bench.py [--events N] [--open-runs K]
+    .venv/bin/python benchmarks/service_bench.py [--events N] [--repeat R] [--open-runs K]
                                                  [--deltas D] [--seed S] [--no-rocksdb]
                                                  [--no-at-least-once] [--only PART]
 
@@ -18,12 +18,16 @@ and every worker it starts is stopped before it exits.
      offsets committed after each fetched batch), and a transactional one
      (transactional producer, ``send_offsets_to_transaction`` + commit every
      100 ms, and again at Faust's own cadence: every 10,000 records or 2.8 s);
-     and the Faust floor: the worker's own Faust app with an agent that does
-     nothing (``faust_floor.py``), the best any Faust agent can do here;
+     and the Faust floors: the worker's own Faust app with an agent that does
+     nothing (``faust_floor.py``), on stock Faust classes and on the worker's
+     adapted ones, the best any Faust agent can do here;
    * one ``agui-stream worker`` (exactly_once, memory:// and rocksdb://; and,
      for comparison only, at_least_once), each with its own consumer group,
+     The two floors and the memory:// worker run R times (``--repeat``),
+     interleaved, and their medians are compared: from one run to the next
+     each varies by 20 % or more on a 2-core machine.
      timed from the first processed record (after /healthz answers) until its
-     ``agui_events_total`` (scraped from /metrics every 0.1 s) reaches N, and
+     ``agui_events_total`` (scraped from /metrics every 0.25 s) reaches N, and
      until every run's closing history record is visible to a
      ``read_committed`` consumer. Its CPU use over that window is printed too.
 
@@ -64,13 +68,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 sys.path.insert(0, str(REPO_ROOT))
 
 import engine_bench  # noqa: E402  (benchmarks/ is this script's directory)
@@ -352,7 +357,8 @@ async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
             if worker.process is not None and worker.process.poll() is not None:
                 raise RuntimeError(f"{name}: worker exited\n" + worker.log_tail())
             if events_done is None and time.perf_counter() >= next_scrape:
-                next_scrape = time.perf_counter() + 0.1  # the scrape runs on the worker's loop
+                # A scrape costs the worker's loop ~2 ms: 4 a second, not 10.
+                next_scrape = time.perf_counter() + 0.25
                 processed = await scrape()
                 now = time.perf_counter()
                 if clock is None and processed > 0:
@@ -405,9 +411,38 @@ def worker_throughput(ns: Namespace, log_dir: Path, workers: list[Worker], total
         worker.stop()
 
 
+def print_rate(rate: Rate) -> None:
+    print(f"  {rate.name:48} {rate.per_second:>9,.0f} events/s "
+          f"({rate.records:,} in {rate.seconds:.2f} s; {rate.total_seconds:.1f} s with "
+          "group join)")
+
+
+def print_worker(result: WorkerRun, runs: int, guarantee: str, store: str,
+                 note: str = "") -> None:
+    print(f"  worker {guarantee:13} {store:12}              "
+          f"{result.events.per_second:>9,.0f} events/s until agui_events_total = N "
+          f"({result.events.seconds:.2f} s) {note}")
+    print(f"  {'':48} {result.committed.per_second:>9,.0f} events/s until all "
+          f"{runs:,} closing records read_committed ({result.committed.seconds:.2f} s)")
+    print(f"  {'':48} runs finished {result.finished:,}/{runs:,}, dead letters "
+          f"{result.deadletters:g}, processing latency p99 {result.p99}, worker CPU "
+          f"{result.cpu:.0%} of a core (start to done incl. recovery "
+          f"{result.committed.total_seconds:.1f} s)")
+
+
+def _median(items: list[T], rate: Callable[[T], float]) -> T:
+    return sorted(items, key=rate)[len(items) // 2]
+
+
+def _median_rate(rates: list[Rate]) -> Rate:
+    middle = _median(rates, lambda rate: rate.per_second)
+    return Rate(f"{middle.name} (median)", middle.records, middle.seconds,
+                middle.total_seconds)
+
+
 def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
                     events: int, seed: int, rocksdb: bool,
-                    at_least_once: bool) -> dict[str, Any]:
+                    at_least_once: bool, repeat: int) -> dict[str, Any]:
     print("\n== 1. end-to-end throughput, one worker vs a bare aiokafka passthrough ==")
     runs_per_key = 6
     keys = max(1, round(events / (19.5 * runs_per_key)))
@@ -430,32 +465,40 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
         passthrough(bootstrap, ns, total, "passthrough, transactional (10k rec / 2.8 s)",
                     "txfaust", transactional=True, commit_seconds=2.8,
                     commit_records=10_000),
-        faust_floor(ns, log_dir, total, "floor-stock", stock=True),
-        faust_floor(ns, log_dir, total, "floor", stock=False),
     ]
     for rate in baselines:
-        print(f"  {rate.name:48} {rate.per_second:>9,.0f} events/s "
-              f"({rate.records:,} in {rate.seconds:.2f} s; {rate.total_seconds:.1f} s with "
-              "group join)")
+        print_rate(rate)
 
-    stores = [("memory://", "exactly_once")] + (
-        [("rocksdb://", "exactly_once")] if rocksdb else []) + (
-        [("memory://", "at_least_once")] if at_least_once else [])
-    results = []
+    # The Faust floors and the worker vary by 20 % or more from one run to the next
+    # here: they run in rounds, interleaved, and are compared by their medians.
+    print(f"Faust floors and the worker (exactly_once, memory://), {repeat} interleaved"
+          " rounds:")
+    rounds: list[tuple[Rate, Rate, WorkerRun]] = []
+    for number in range(1, repeat + 1):
+        stock = faust_floor(ns, log_dir, total, f"floor-stock-{number}", stock=True)
+        adapted = faust_floor(ns, log_dir, total, f"floor-{number}", stock=False)
+        worker = worker_throughput(ns, log_dir, workers, total, len(runs), "memory://",
+                                   f"wmemory-{number}")
+        rounds.append((stock, adapted, worker))
+        print(f"  round {number}: stock floor {stock.per_second:,.0f}, adapted floor "
+              f"{adapted.per_second:,.0f}, worker {worker.events.per_second:,.0f} events/s"
+              f" (worker / stock floor {worker.events.per_second / stock.per_second:.2f})")
+    median_stock = _median_rate([r[0] for r in rounds])
+    median_adapted = _median_rate([r[1] for r in rounds])
+    baselines += [median_stock, median_adapted]
+    for rate in baselines[-2:]:
+        print_rate(rate)
+
+    stores = [("rocksdb://", "exactly_once")] if rocksdb else []
+    stores += [("memory://", "at_least_once")] if at_least_once else []
+    results = [_median([r[2] for r in rounds], lambda run: run.events.per_second)]
+    print_worker(results[0], len(runs), "exactly_once", "memory://", "(the median round)")
     for store, guarantee in stores:
         tag = "w" + store.split(":")[0] + ("" if guarantee == "exactly_once" else "-alo")
         result = worker_throughput(ns, log_dir, workers, total, len(runs), store, tag,
                                    guarantee)
         results.append(result)
-        print(f"  worker {guarantee:13} {store:12}              "
-              f"{result.events.per_second:>9,.0f} events/s until agui_events_total = N "
-              f"({result.events.seconds:.2f} s)")
-        print(f"  {'':48} {result.committed.per_second:>9,.0f} events/s until all "
-              f"{len(runs):,} closing records read_committed ({result.committed.seconds:.2f} s)")
-        print(f"  {'':48} runs finished {result.finished:,}/{len(runs):,}, dead letters "
-              f"{result.deadletters:g}, processing latency p99 {result.p99}, worker CPU "
-              f"{result.cpu:.0%} of a core (start to done incl. recovery "
-              f"{result.committed.total_seconds:.1f} s)")
+        print_worker(result, len(runs), guarantee, store)
     print("ratios (worker rate until agui_events_total = N / baseline; "
           "in brackets until read_committed):")
     for result in results:
@@ -729,7 +772,9 @@ def delete_topics(bootstrap: str, prefixes: list[str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="rounds of the Faust floors and the worker (medians compared)")
     parser.add_argument("--open-runs", type=int, default=20_000)
     parser.add_argument("--deltas", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=7)
@@ -753,7 +798,7 @@ def main() -> int:
         try:
             if args.only in (None, "throughput"):
                 part_throughput(bootstrap, log_dir, workers, prefixes, args.events, args.seed,
-                                not args.no_rocksdb, not args.no_at_least_once)
+                                not args.no_rocksdb, not args.no_at_least_once, args.repeat)
             if args.only in (None, "changelog"):
                 part_changelog(bootstrap, log_dir, workers, prefixes, args.deltas, args.seed)
             if args.only in (None, "concurrent"):

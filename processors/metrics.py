@@ -8,7 +8,12 @@ encrypted values) ever becomes a label.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
 from topics.events import EVENT_TYPES
@@ -33,9 +38,6 @@ class Metrics:
         self.run_failures = Counter(
             "agui_run_failures", "Runs ended by a failure, by code.", ["code"], registry=r
         )
-        self.events = Counter(
-            "agui_events", "Raw records consumed, by event type.", ["type"], registry=r
-        )
         self.runs = Counter(
             "agui_runs", "Runs concluded, by outcome.", ["outcome"], registry=r
         )
@@ -56,20 +58,8 @@ class Metrics:
             "Records skipped because they were already applied (replay after a crash).",
             registry=r,
         )
-        self.partition_records = Counter(
-            "agui_partition_records",
-            "Raw records processed by this worker, by input partition number (bounded by"
-            " AGUI_PARTITIONS).",
-            ["partition"], registry=r,
-        )
         self.open_runs = Gauge(
             "agui_open_runs", "Runs started and not yet concluded on this worker.", registry=r
-        )
-        self.processing_latency = Histogram(
-            "agui_processing_latency_seconds",
-            "Time from consuming a raw record to having produced its outputs.",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            registry=r,
         )
         self.consumer_lag = Gauge(
             "agui_consumer_lag_records",
@@ -77,26 +67,18 @@ class Metrics:
             ["topic", "partition"],
             registry=r,
         )
-        # Labelled children of the per-record counters, looked up once: `labels()`
-        # costs three times the increment (1.35 against 0.41 us).
-        self._events_by_type: dict[str, Counter] = {}
-        self._records_by_partition: dict[int, Counter] = {}
+        self.per_record = PerRecordTallies()
+        r.register(self.per_record)
         self._expose_every_label()
 
     def count_event(self, event_type: str) -> None:
         """One raw record of `event_type` consumed."""
-        counter = self._events_by_type.get(event_type)
-        if counter is None:
-            counter = self._events_by_type[event_type] = self.events.labels(event_type)
-        counter.inc()
+        tally = self.per_record.events
+        tally[event_type] = tally.get(event_type, 0) + 1
 
-    def count_partition_record(self, partition: int) -> None:
-        """One raw record of input partition `partition` processed."""
-        counter = self._records_by_partition.get(partition)
-        if counter is None:
-            counter = self._records_by_partition[partition] = self.partition_records.labels(
-                str(partition))
-        counter.inc()
+    def count_record(self, partition: int, latency: float) -> None:
+        """One raw record of input partition `partition` processed in `latency` seconds."""
+        self.per_record.record(partition, latency)
 
     def _expose_every_label(self) -> None:
         """Export every series of the closed label sets from the start, at 0.
@@ -111,8 +93,57 @@ class Metrics:
         for failure in (*FailureCode, "processing_error"):
             self.run_failures.labels(str(failure))
         for event_type in (*sorted(EVENT_TYPES), "unknown", "undecodable", "abandoned"):
-            self.events.labels(event_type)
+            self.per_record.events[event_type] = 0
         for outcome in Outcome:
             self.runs.labels(outcome.value)
         for kind in ("failure", "warning"):
             self.deadletter_records.labels(kind)
+
+
+class PerRecordTallies(Collector):
+    """The series counted once per record: raw records by event type
+    (`agui_events_total`) and by input partition (`agui_partition_records_total`),
+    and the processing latency histogram (`agui_processing_latency_seconds`).
+
+    They are plain integers, exported when scraped: a prometheus_client child takes
+    a lock for every increment, three of them per record. Only the event loop that
+    processes records (and serves the scrape) may count them.
+    """
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+    def __init__(self) -> None:
+        self.events: dict[str, int] = {}
+        self.partitions: dict[int, int] = {}
+        self.latency_buckets = [0] * (len(self.BUCKETS) + 1)  # the last one is +Inf
+        self.latency_sum = 0.0
+
+    def record(self, partition: int, latency: float) -> None:
+        partitions = self.partitions
+        partitions[partition] = partitions.get(partition, 0) + 1
+        self.latency_buckets[bisect_left(self.BUCKETS, latency)] += 1
+        self.latency_sum += latency
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily("agui_events", "Raw records consumed, by event type.",
+                                     labels=["type"])
+        for event_type, count in self.events.items():
+            events.add_metric([event_type], count)
+        yield events
+        partitions = CounterMetricFamily(
+            "agui_partition_records",
+            "Raw records processed by this worker, by input partition number (bounded by"
+            " AGUI_PARTITIONS).", labels=["partition"])
+        for partition, count in sorted(self.partitions.items()):
+            partitions.add_metric([str(partition)], count)
+        yield partitions
+        cumulative = 0
+        buckets = []
+        for bound, count in zip((*map(str, self.BUCKETS), "+Inf"), self.latency_buckets,
+                                strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily(
+            "agui_processing_latency_seconds",
+            "Time from consuming a raw record to having produced its outputs.",
+            buckets=buckets, sum_value=self.latency_sum)

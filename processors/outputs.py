@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -38,8 +37,7 @@ Headers = list[tuple[str, bytes]]
 log = logging.getLogger("agui_stream")
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
+class Incoming(NamedTuple):
     """One raw record, as consumed."""
 
     topic: str
@@ -51,8 +49,7 @@ class Incoming:
     headers: Headers
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
+class Outgoing(NamedTuple):
     topic: str
     key: bytes
     value: bytes
@@ -108,8 +105,7 @@ class OutputBuilder:
         published: list[Outgoing] = []
         dead_letters: list[Outgoing] = []
         for message in concluded.messages:
-            value = HistoryMessage(tenant=tenant, threadId=thread_id, runId=run_id,
-                                   seq=len(published), message=message).to_bytes()
+            value = HistoryMessage.encode(tenant, thread_id, run_id, len(published), message)
             if len(value) + len(key) > self.max_record_bytes:
                 dead_letters.append(self._not_storable(message, run, record, tenant))
                 continue

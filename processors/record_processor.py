@@ -20,6 +20,7 @@ import logging
 import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from processors.engine.engine import KeyEngine
 from processors.engine.state import KeyState, Phase
@@ -50,8 +51,7 @@ class StoredTables:
         self.texts = texts
 
 
-@dataclass(frozen=True, slots=True)
-class StateChange:
+class StateChange(NamedTuple):
     """One entry to persist: `value` None deletes it."""
 
     table: str
@@ -110,6 +110,7 @@ class RecordProcessor:
         self.idle_timeout = idle_timeout
         self._cache: dict[bytes, CachedKey] = {}
         self._partitions: dict[int, _Partition] = {}
+        self._deleted: dict[bytes, None] = {}  # keys deleted by changes() not yet applied
         self._open_runs = 0
 
     # --- records -------------------------------------------------------------------
@@ -180,6 +181,18 @@ class RecordProcessor:
         part.dirty.clear()
         return changes
 
+    def drop_deleted_keys(self) -> None:
+        """The last commit's changes are applied to the stores: forget the keys it
+        deleted (unless a record has used them since)."""
+        for state_key in self._deleted:
+            cached = self._cache.get(state_key)
+            if cached is not None and cached.freed:
+                del self._cache[state_key]
+                part = self._partitions.get(cached.partition)
+                if part is not None:
+                    part.keys.pop(state_key, None)
+        self._deleted.clear()
+
     def forget(self) -> None:
         """Partitions moved: drop every cached key (the stored tables are the truth).
 
@@ -187,6 +200,7 @@ class RecordProcessor:
         """
         self._cache.clear()
         self._partitions.clear()
+        self._deleted.clear()
         self._open_runs = 0
         self.metrics.open_runs.set(0)
 
@@ -286,8 +300,11 @@ class RecordProcessor:
         if cached.freed:
             if cached.persisted_state is not None:
                 yield StateChange(STATE_TABLE, state_key, None)
-            del self._cache[state_key]
-            part.keys.pop(state_key, None)
+            # Cached until the commit that deletes it is applied (`drop_deleted_keys`):
+            # until then the store still holds what it deletes, and a record for the
+            # key in between must not read it.
+            cached.persisted_state = None
+            self._deleted[state_key] = None
             return
         value = encode_state(cached.partition, cached.applied, cached.chunks,
                              cached.engine.state)

@@ -26,7 +26,8 @@ import os
 import re
 import time
 from collections import defaultdict
-from typing import Any, NoReturn
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, NoReturn
 
 import faust
 from faust.types import TP
@@ -75,6 +76,58 @@ class _SentEntry:
         self.offset = metadata.offset
         self.tp = TP(metadata.topic, metadata.partition)
         self.message = self
+
+
+class PartitionBatch(NamedTuple):
+    partition: int
+    transaction: str | None  # None: no transactions (at_least_once)
+    outgoing: list[Outgoing]
+    changes: list[StateChange]
+
+
+class WorkerCommitBatch:
+    """One commit's outputs and state changes (a `CommitBatch`). Sent and applied
+    while the agent goes on with later records: those only buffer, and no record
+    reads a key's stored state while the key has changes in flight (it stays cached
+    until `apply`, see RecordProcessor.drop_deleted_keys)."""
+
+    def __init__(self, parts: list[PartitionBatch], send: Callable[..., Awaitable[Any]],
+                 tables: dict[str, WriteBehindTable], app: AdaptedApp,
+                 processor: RecordProcessor) -> None:
+        self.parts = parts
+        self._send = send
+        self.tables = tables
+        self.app = app
+        self.processor = processor
+        self._sent: list[tuple[StateChange, Any]] = []  # with their delivery futures
+
+    async def send(self) -> None:
+        """Each partition's records in its own transaction. If anything cannot be
+        sent, exit without a commit (see stop_without_commit)."""
+        try:
+            for part in self.parts:
+                for item in part.outgoing:
+                    await self._send(item.topic, item.key, item.value, item.headers, None,
+                                     part.transaction)
+                for change in part.changes:
+                    topic = self.tables[change.table].changelog_topic.get_topic_name()
+                    delivery = await self._send(topic, change.key, change.value, None,
+                                                part.partition, part.transaction)
+                    self._sent.append((change, delivery))
+        except Exception:
+            stop_without_commit("the records produced since the last commit")
+
+    async def apply(self) -> None:
+        """Apply the committed state changes to the local stores, as recovery would."""
+        try:
+            delivered = [(change, await delivery) for change, delivery in self._sent]
+        except Exception:
+            stop_without_commit("state changes that were not delivered")
+        assigned = {tp.partition for tp in self.app.consumer.assignment()}
+        for name, table in self.tables.items():
+            table.apply_sent([(change, metadata) for change, metadata in delivered
+                              if change.table == name and metadata.partition in assigned])
+        self.processor.drop_deleted_keys()
 
 
 def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> Any:
@@ -141,75 +194,52 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
     started = {"ready": False}
 
+    def apply(event: Any) -> None:
+        """One record, start to ack. Synchronous: no commit can start while it runs."""
+        clock = time.perf_counter()
+        message = event.message
+        record = Incoming(
+            message.topic, message.partition, message.offset,
+            None if message.timestamp is None else int(message.timestamp * 1000),
+            message.key or b"", message.value or b"", _header_list(message.headers),
+        )
+        if message.topic == ticks:
+            produced = processor.sweep(message.partition, time.time(), record)
+        else:
+            produced = processor.process(record, time.time())
+        if produced:
+            unsent[message.partition].extend(produced)
+        event.ack()
+        if message.topic != ticks:
+            metrics.count_record(message.partition, time.perf_counter() - clock)
+        started["ready"] = True
+
     @app.agent(source)
     async def process(stream: Any) -> None:
+        boundary = app.record_boundary
         async for event in stream.events():
-            async with app.record_boundary:
-                clock = time.perf_counter()
-                message = event.message
-                record = Incoming(
-                    message.topic, message.partition, message.offset,
-                    None if message.timestamp is None else int(message.timestamp * 1000),
-                    message.key or b"", message.value or b"",
-                    _header_list(message.headers),
-                )
-                if message.topic == ticks:
-                    produced = processor.sweep(message.partition, time.time(), record)
-                else:
-                    produced = processor.process(record, time.time())
-                    metrics.count_partition_record(message.partition)
-                if produced:
-                    unsent[message.partition].extend(produced)
-                event.ack()
-                metrics.processing_latency.observe(time.perf_counter() - clock)
-                started["ready"] = True
+            if boundary.locked():  # a commit is in progress: the record waits for its end
+                async with boundary:
+                    apply(event)
+            else:
+                apply(event)
 
     producer = app.producer
     # Any topic of the agent's group gives a partition's transactional id.
     group_topic = settings.input_topics[0] if settings.input_topics else ticks
 
-    # The state changes sent since the last commit, with their delivery futures.
-    sent: list[tuple[StateChange, Any]] = []
+    def take_commit() -> WorkerCommitBatch:
+        """Between two records: what the records since the last commit produced and
+        changed, per partition, with the partition's transaction."""
+        parts = []
+        for partition in sorted(set(unsent) | set(processor.dirty_partitions())):
+            transaction = (transactional_id(app, group_topic, partition)
+                           if app.in_transaction else None)
+            parts.append(PartitionBatch(partition, transaction, unsent.pop(partition, []),
+                                        processor.changes(partition)))
+        return WorkerCommitBatch(parts, send, tables, app, processor)
 
-    async def send_before_commit() -> None:
-        """Send what the records since the last commit produced and changed, each
-        partition's in its own transaction. If anything cannot be sent, exit without
-        a commit (see stop_without_commit)."""
-        sent.clear()
-        try:
-            for partition in sorted(set(unsent) | set(processor.dirty_partitions())):
-                transaction = (transactional_id(app, group_topic, partition)
-                               if app.in_transaction else None)
-                for item in unsent.pop(partition, ()):
-                    await send(item.topic, item.key, item.value, item.headers, None,
-                               transaction)
-                for change in processor.changes(partition):
-                    topic = tables[change.table].changelog_topic.get_topic_name()
-                    delivery = await send(topic, change.key, change.value, None, partition,
-                                          transaction)
-                    sent.append((change, delivery))
-        except Exception:
-            stop_without_commit("the records produced since the last commit")
-
-    async def apply_after_commit() -> None:
-        """Apply the committed state changes to the local stores, as recovery would.
-
-        Still inside the commit's record boundary: no record reads a store before
-        the state its key's last changes left there."""
-        if not sent:
-            return
-        try:
-            delivered = [(change, await delivery) for change, delivery in sent]
-        except Exception:
-            stop_without_commit("state changes that were not delivered")
-        sent.clear()
-        assigned = {tp.partition for tp in app.consumer.assignment()}
-        for name, table in tables.items():
-            table.apply_sent([(change, metadata) for change, metadata in delivered
-                              if change.table == name and metadata.partition in assigned])
-
-    app.before_commit = send_before_commit
-    app.after_commit = apply_after_commit
+    app.take_commit = take_commit
 
     async def send(topic: str, key: bytes, value: bytes | None,
                    headers: list[tuple[str, bytes]] | None, partition: int | None,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from processors.engine.content import InMemoryContentStore
 from processors.engine.state import KeyState
@@ -37,8 +38,7 @@ class UndecodableState(ValueError):
     """A stored state entry this version cannot read."""
 
 
-@dataclass(frozen=True, slots=True)
-class Applied:
+class Applied(NamedTuple):
     """The last input record applied to a key (the replay guard)."""
 
     topic: str

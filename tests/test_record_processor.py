@@ -18,6 +18,7 @@ from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.record_processor import (
     RecordProcessor,
+    StateChange,
     StoredTables,
     state_key_for,
 )
@@ -56,14 +57,23 @@ class Committed:
                                idle_timeout=IDLE)
 
     def commit(self, processor: RecordProcessor) -> None:
-        for partition in processor.dirty_partitions():
-            for change in processor.changes(partition):
-                self.changelog_records += 1
-                table = self.tables[change.table]
-                if change.value is None:
-                    table.pop(change.key, None)
-                else:
-                    table[change.key] = change.value
+        self.apply(processor, self.take(processor))
+
+    @staticmethod
+    def take(processor: RecordProcessor) -> list[StateChange]:
+        """What a commit takes between two records (it is then sent, then applied)."""
+        return [change for partition in processor.dirty_partitions()
+                for change in processor.changes(partition)]
+
+    def apply(self, processor: RecordProcessor, changes: list[StateChange]) -> None:
+        for change in changes:
+            self.changelog_records += 1
+            table = self.tables[change.table]
+            if change.value is None:
+                table.pop(change.key, None)
+            else:
+                table[change.key] = change.value
+        processor.drop_deleted_keys()
 
 
 class Feeder:
@@ -397,6 +407,69 @@ def test_a_freed_key_whose_deletion_is_not_yet_committed_starts_afresh() -> None
     assert contents(out) == ["b"]
     committed.commit(processor)
     assert len(committed.tables[STATE_TABLE]) == 1
+
+
+class ReadLog(dict[bytes, bytes]):
+    """A stored table that records which keys were read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[bytes] = []
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        self.reads.append(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: bytes) -> bytes:
+        self.reads.append(key)
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.reads.append(key)  # type: ignore[arg-type]
+        return super().__contains__(key)
+
+
+def test_no_record_reads_a_key_whose_deletion_is_in_flight() -> None:
+    # A commit takes its changes between two records, then sends and applies them
+    # while later records are processed: the store still holds what it deletes.
+    committed = Committed()
+    committed.tables = {STATE_TABLE: ReadLog(), TEXT_TABLE: ReadLog()}
+    processor = committed.processor()
+    feeder = Feeder()
+    feed(processor, (feeder.record(e) for e in text_run("r1", ["a"])))
+    committed.commit(processor)
+    processor.sweep(0, IDLE + 1, tick())  # frees the key
+    in_flight = committed.take(processor)
+    assert [c.value for c in in_flight if c.table == STATE_TABLE] == [None]
+    for table in committed.tables.values():
+        table.reads.clear()  # type: ignore[attr-defined]
+    out = feed(processor, (feeder.record(e) for e in text_run("r2", ["b"])), now=IDLE + 2)
+    assert contents(out) == ["b"]
+    assert [t.reads for t in committed.tables.values()] == [[], []]  # type: ignore[attr-defined]
+    committed.apply(processor, in_flight)  # the deletion lands; the key is still in use
+    committed.commit(processor)
+    after_crash = feed(committed.processor(),
+                       (feeder.record(e) for e in text_run("r3", ["c"])), now=IDLE + 3)
+    assert contents(after_crash) == ["c"] and dead_letters(after_crash) == []
+    assert len(committed.tables[STATE_TABLE]) == 1
+
+
+def test_a_deleted_key_is_forgotten_once_its_deletion_is_applied() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    feeder = Feeder()
+    feed(processor, [feeder.record(run_started("r1"))])
+    committed.commit(processor)
+    processor.sweep(0, IDLE + 1, tick())
+    in_flight = committed.take(processor)
+    assert processor.sweep(0, 2 * IDLE, tick()) == []  # still cached, already freed
+    committed.apply(processor, in_flight)
+    assert committed.tables[STATE_TABLE] == {}
+    # Forgotten: the next record of the key reads the (now empty) store.
+    committed.tables[STATE_TABLE] = ReadLog()
+    processor.stored.states = committed.tables[STATE_TABLE]
+    feed(processor, [feeder.record(run_started("r2"))], now=2 * IDLE)
+    assert state_key_for("default", b"k1") in committed.tables[STATE_TABLE].reads
 
 
 # --- totality ---------------------------------------------------------------------------
