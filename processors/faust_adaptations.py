@@ -24,6 +24,7 @@ import aiokafka
 import faust
 import uvloop
 from aiokafka.errors import IllegalOperation
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 from faust.sensors import Monitor
 from faust.transport.consumer import TopicPartitionGroup, TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -127,6 +128,30 @@ class LeanMonitor(Monitor):
 
     def on_send_completed(self, producer: Any, state: Any, metadata: Any) -> None:
         return None
+
+
+class CachedKeyPartitioner:
+    """aiokafka's default partitioner hashes every keyed record's key with murmur2 (as
+    Java's does) in pure Python: 10 us for a thread key, and a run's history records
+    all share one. Here the hash of a recent key is remembered; partitions are the
+    default partitioner's. Proof: tests/test_faust_adaptations.py; service_bench.py."""
+
+    CAPACITY: Final = 65_536
+
+    def __init__(self) -> None:
+        self._default = DefaultPartitioner()
+        self._hashes: dict[bytes, int] = {}
+
+    def __call__(self, key: bytes | None, all_partitions: list[int],
+                 available: list[int]) -> int:
+        if key is None:
+            return int(self._default(key, all_partitions, available))
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            if len(self._hashes) >= self.CAPACITY:
+                self._hashes.clear()
+            hashed = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return all_partitions[hashed % len(all_partitions)]
 
 
 class _Resumed:
@@ -286,6 +311,7 @@ class AdaptedApp(faust.App):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("Monitor", LeanMonitor)
+        kwargs.setdefault("producer_partitioner", CachedKeyPartitioner())
         super().__init__(*args, **kwargs)
         # Held while a commit takes its offsets and batch, and while a rebalance
         # commits: a record waits for it (see WholeRecordConsumer.force_commit).

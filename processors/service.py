@@ -217,7 +217,10 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     @app.agent(source)
     async def process(stream: Any) -> None:
         boundary = app.record_boundary
-        async for event in stream.events():
+        # The stream itself, not `stream.events()` (one async generator less per
+        # record); its current event is the record's.
+        async for _value in stream:
+            event = stream.current_event
             if boundary.locked():  # a commit is in progress: the record waits for its end
                 async with boundary:
                     apply(event)

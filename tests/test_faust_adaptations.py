@@ -7,11 +7,15 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from faust.transport.consumer import TransactionManager
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from processors.config import Settings
 from processors.faust_adaptations import (
     AdaptedApp,
+    CachedKeyPartitioner,
     ConcurrentCommitProducer,
     LeanMonitor,
     UncheckedVersion,
@@ -42,6 +46,21 @@ def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
     assert isinstance(app.producer, ConcurrentCommitProducer)
     assert app.consumer.transactions.producer is app.producer
     assert isinstance(app.monitor, LeanMonitor)
+    assert isinstance(app.producer.partitioner, CachedKeyPartitioner)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.binary(max_size=64), min_size=1, max_size=20),
+       partitions=st.integers(1, 64))
+def test_the_cached_partitioner_partitions_as_kafka_s_default(
+    keys: list[bytes], partitions: int
+) -> None:
+    cached, default = CachedKeyPartitioner(), DefaultPartitioner()
+    all_partitions = list(range(partitions))
+    for key in [*keys, *keys]:  # the second time from its cache
+        assert cached(key, all_partitions, all_partitions) == default(
+            key, all_partitions, all_partitions)
+    assert cached(None, all_partitions, [partitions - 1]) == partitions - 1
 
 
 def test_the_transactional_id_is_faust_s_own(monkeypatch: pytest.MonkeyPatch) -> None:
