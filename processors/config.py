@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 
@@ -63,7 +63,7 @@ class Settings:
     security_protocol: str
     sasl_mechanism: str | None
     sasl_username: str | None
-    sasl_password: str | None
+    sasl_password: str | None = field(repr=False)  # a secret: never in a repr or a log
     ssl_cafile: str | None
     ssl_certfile: str | None
     ssl_keyfile: str | None

@@ -30,8 +30,8 @@ from topics.records import (
     HistoryMessage,
     HistoryRun,
     SourceCoordinates,
-    redact_event,
 )
+from topics.redaction import redact_event
 
 Headers = list[tuple[str, bytes]]
 log = logging.getLogger("agui_stream")

@@ -17,7 +17,6 @@ state that cannot be decoded fails that key's run once and frees it.
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -26,6 +25,7 @@ from processors.engine.engine import KeyEngine
 from processors.engine.state import KeyState, Phase
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
+from processors.safe_logging import log_exception_kind
 from processors.stored_keys import (
     Applied,
     WriteBehindText,
@@ -369,8 +369,6 @@ class RecordProcessor:
 
 
 def _log_contained(error: BaseException, what: str, record: Incoming | None) -> None:
-    """Log where and what kind, never the message: it could quote content."""
-    frames = "".join(traceback.format_tb(error.__traceback__))
     where = ("" if record is None
              else f" at {record.topic}[{record.partition}]@{record.offset}")
-    log.error("%s (%s%s)\n%s", what, type(error).__name__, where, frames)
+    log_exception_kind(log, logging.ERROR, what, error, where)

@@ -43,6 +43,7 @@ from processors.record_processor import (
     StateChange,
     StoredTables,
 )
+from processors.safe_logging import log_exception_kind
 from topics.declarations import STATE_TABLE, TEXT_TABLE, idle_ticks_topic
 
 log = logging.getLogger("agui_stream")
@@ -272,8 +273,8 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
             for tp in app.consumer.assignment():
                 if tp.topic == ticks:
                     await send(ticks, b"", now, None, tp.partition, None)
-        except Exception:  # an exception in a Faust timer would crash the worker
-            log.warning("could not send idle ticks", exc_info=True)
+        except Exception as error:  # an exception in a Faust timer would crash the worker
+            log_exception_kind(log, logging.WARNING, "could not send idle ticks", error)
 
     @app.timer(10.0)  # type: ignore[untyped-decorator]
     async def measure_lag() -> None:
@@ -287,8 +288,8 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
                     continue  # internal, or not fetched yet
                 lag = max(0, end - (committed.get(tp) or 0))
                 metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
-        except Exception:
-            log.warning("could not measure consumer lag", exc_info=True)
+        except Exception as error:
+            log_exception_kind(log, logging.WARNING, "could not measure consumer lag", error)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def on_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:

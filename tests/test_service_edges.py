@@ -96,13 +96,14 @@ def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
     for key in (b"bytes", b"array", b"number", b"no-type", b"type-not-string", b"empty"):
         assert by_key[key]["code"] == "undecodable_record", key
     assert base64.b64decode(by_key[b"bytes"]["raw"]) == b"\x00\xff\xfe random \x80 bytes"
-    assert by_key[b"array"]["event"] == [1, 2, 3]  # JSON, so it travels as the event
+    # JSON but not an event: it travels as a marker of its type and size only.
+    assert by_key[b"array"]["event"] == {"redacted": True, "type": "array", "bytes": 7}
     assert by_key[b"bad-tenant"]["code"] == "run_not_started"
     assert by_key[b"bad-tenant"]["tenant"] == "\ufffd\ufffd"
     assert by_key[b"wrong-types"]["code"] == "malformed_event"
     # No encrypted value ever reaches the dead-letter topic.
     assert by_key[b"wrong-types"]["event"]["encryptedValue"] == {
-        "redacted": True, "bytes": len(secret)}
+        "redacted": True, "type": "string", "bytes": len(secret)}
     for record in dead:
         assert secret not in orjson.dumps(record.value).decode()
         assert record.headers["agui.dlq.kind"].decode() == record.value["kind"]
@@ -115,6 +116,62 @@ def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
                    if r.value["kind"] == "message" and r.value.get("runId") == "ok"]
     assert ok_messages == [{"id": "rm-ok", "role": "reasoning", "content": "fine",
                             "encryptedValue": "enc-ok"}]
+
+
+def test_a_worker_at_debug_level_prints_none_of_the_secrets_it_processes(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Valid runs full of reasoning, encrypted values and text, and malformed
+    events with secrets in every shape that leaked before, through a worker
+    logging at debug level: no secret in its whole log, its metrics page or a
+    dead-letter record (history is where content belongs)."""
+    secrets = [f"S3CR3T-{n:04d}-planted" for n in range(16)]
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    valid = run_events(
+        "t-valid", "valid", *reasoning("rm", secrets[0], secrets[1]), encrypted("rm", secrets[2]),
+        {"type": "TEXT_MESSAGE_START", "messageId": "m", "role": "assistant"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": secrets[3]},
+        {"type": "TEXT_MESSAGE_END", "messageId": "m"},
+        {"type": "CUSTOM", "name": "c", "value": {"v": secrets[4]},
+         "rawEvent": {"chunk": secrets[5]}})
+    malformed = [
+        {**encrypted("rm", ""), "encryptedValue": [secrets[6]]},
+        {"type": "REASONING_MESSAGE_CONTENT", "messageId": "rm", "delta": {"t": secrets[7]}},
+        {"type": "REASONING_MESSAGE_START", "messageId": "x", "role": "reasoning",
+         "unknownField": secrets[8], "rawEvent": secrets[9]},
+        {"type": ["CUSTOM"], "name": secrets[10], "value": 1},
+        {"type": {"t": secrets[11]}},
+        {"type": "NOT_AN_AG_UI_TYPE", "payload": secrets[12]},
+        {"type": "RUN_ERROR", "message": secrets[13], "code": 7},
+        {"type": "TOOL_CALL_ARGS", "toolCallId": "nope", "delta": secrets[14]},
+        {"type": "REASONING_MESSAGE_CHUNK", "messageId": {"id": secrets[15]}, "delta": "d"},
+    ]
+    poison = [dumps({"type": "RUN_STARTED", "threadId": "t-bad", "runId": f"bad-{n}"})
+              for n in range(len(malformed))]
+    records = [(b"valid", value, []) for value in valid]
+    for n, (start, event) in enumerate(zip(poison, malformed, strict=True)):
+        records += [(b"bad-%d" % n, start, []), (b"bad-%d" % n, dumps(event), [])]
+    produce(kafka_bootstrap, namespace.events, records)
+    worker = Worker(namespace, tmp_path, AGUI_LOG_LEVEL="debug").start()
+    try:
+        TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: {r["runId"] for r in closing(recs)} >= {"valid"}, 120,
+            "the valid run to conclude", worker.log_tail)
+        dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
+            lambda recs: len({r.key for r in recs}) >= len(malformed), 120,
+            "a dead letter for every malformed event", worker.log_tail)
+        metrics = worker.metrics()
+    finally:
+        worker.stop()
+    log = worker.log_path.read_bytes()
+    assert b"DEBUG" in log or b"debug" in log.lower()  # it did log at debug level
+    dead_bytes = b"".join(r.key + orjson.dumps(r.value) + b"".join(
+        n.encode() + v for n, v in r.headers.items()) for r in dead)
+    for secret in secrets:
+        for where, data in (("log", log), ("metrics", metrics.encode()),
+                            ("dead letters", dead_bytes)):
+            assert secret.encode() not in data, f"{secret} in the worker's {where}"
 
 
 NON_STRING_JSON: list[Any] = [None, True, 3, 2.5, ["x"], {"a": "b"}]

@@ -1,9 +1,9 @@
 """Output record shapes (contract: ../shared/spec/topics.md), as pydantic v2 models.
 
 Downstream teams build on these; a change is a new `schema` value, never a
-silent one. Optional keys are absent, never null. Dead-letter records never
-carry an encrypted value or reasoning text: `redact_event` replaces them by a
-marker that says only how many bytes were there.
+silent one. Optional keys are absent, never null. A dead letter's `event` is
+built by `topics.redaction.redact_event`: identifying fields only, everything
+else a marker of its type and size.
 """
 
 from __future__ import annotations
@@ -15,10 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 HISTORY_SCHEMA: Final = "agui.history.v1"
 DEADLETTER_SCHEMA: Final = "agui.deadletter.v1"
-
-# The events whose `delta` is reasoning text.
-_REASONING_TEXT_EVENTS = frozenset({"REASONING_MESSAGE_CONTENT", "REASONING_MESSAGE_CHUNK"})
-
 
 class _Record(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
@@ -82,34 +78,6 @@ class DeadLetter(_Record):
     threadId: str | None = None
     runId: str | None = None
     source: SourceCoordinates
-    event: Any = None  # the offending event as received, redacted
+    event: Any = None  # the offending event, redacted (topics.redaction)
     raw: str | None = None  # base64 of an undecodable record's value
     truncated: bool | None = None  # `event`/`raw` left out: the record would be too large
-
-
-def redaction_marker(value: str) -> dict[str, Any]:
-    return {"redacted": True, "bytes": len(value.encode("utf-8", "surrogatepass"))}
-
-
-def redact_event(event: Any) -> Any:
-    """A copy of a decoded event without encrypted values or reasoning text."""
-    if isinstance(event, dict):
-        redacted: dict[str, Any] = {}
-        # type and role may be any JSON value in a malformed event (a list is unhashable).
-        event_type, role = event.get("type"), event.get("role")
-        reasoning_text = (
-            (type(event_type) is str and event_type in _REASONING_TEXT_EVENTS)
-            or role == "reasoning"
-        )
-        for key, value in event.items():
-            if isinstance(value, str) and (
-                key == "encryptedValue"
-                or (reasoning_text and key in ("delta", "content"))
-            ):
-                redacted[key] = redaction_marker(value)
-            else:
-                redacted[key] = redact_event(value)
-        return redacted
-    if isinstance(event, list):
-        return [redact_event(item) for item in event]
-    return event
