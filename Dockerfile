@@ -67,7 +67,7 @@ EXPOSE 6066
 # slim images have no curl: ask /healthz with the standard library.
 # urlopen raises on anything but 2xx, so the exit status is the verdict.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-  CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('AGUI_METRICS_PORT', '6066'), timeout=4)"]
+  CMD ["python", "-c", "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/livez' % os.environ.get('AGUI_METRICS_PORT', '6066'), timeout=4)"]
 
 ENTRYPOINT ["agui-stream"]
 CMD ["worker"]

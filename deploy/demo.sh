@@ -26,9 +26,13 @@ rm -rf "$AGUI_DATA_DIR"
 
 started_broker=0
 cleanup() {
+    # The output may be gone (`| tee` ended by the same Ctrl-C): a write to it
+    # must not kill the clean-up, so the broker is stopped first, quietly.
+    trap '' PIPE INT TERM
+    set +e
     if [ "$started_broker" -eq 1 ]; then
-        step "stopping the local Kafka broker"
-        "$PY" deploy/kafka_local.py stop --state-dir "$STATE/kafka" >/dev/null 2>&1 || true
+        "$PY" deploy/kafka_local.py stop --state-dir "$STATE/kafka" >/dev/null 2>&1
+        step "stopped the local Kafka broker" 2>/dev/null
     fi
 }
 trap cleanup EXIT

@@ -51,7 +51,10 @@ DOCUMENTED: Final = (
     ("AGUI_SHUTDOWN_TIMEOUT_SECONDS", "20", "a worker still stopping this long after SIGTERM"
      " or SIGINT exits without a commit (as a kill would)"),
     ("AGUI_MAX_RECORD_BYTES", "1000000", "largest output record; larger history is not_storable"),
-    ("AGUI_METRICS_PORT", "6066", "HTTP port of /metrics and /healthz"),
+    ("AGUI_METRICS_PORT", "6066", "HTTP port of /metrics, /livez, /readyz and /healthz"),
+    ("AGUI_STALL_SECONDS", "300", "/livez fails when input waits and nothing was processed"
+     " this long (keep it well above a rebalance's recovery time)"),
+    ("AGUI_TEST_STALL_AGENT", "", "test only: 1 makes the agent stop before its first record"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
 )
 _DEFAULTS: Final = {name: default for name, default, _ in DOCUMENTED}
@@ -86,6 +89,8 @@ class Settings:
     max_record_bytes: int
     metrics_port: int
     log_level: str
+    stall_seconds: float
+    test_stall_agent: bool
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -173,6 +178,10 @@ class Settings:
             metrics_port=_integer("AGUI_METRICS_PORT", get("AGUI_METRICS_PORT"), 1, 65_535),
             log_level=_choice("AGUI_LOG_LEVEL", get("AGUI_LOG_LEVEL").lower(),
                               ("debug", "info", "warning", "error")),
+            stall_seconds=float(_integer("AGUI_STALL_SECONDS", get("AGUI_STALL_SECONDS"), 5,
+                                         86_400)),
+            test_stall_agent=_choice("AGUI_TEST_STALL_AGENT", get("AGUI_TEST_STALL_AGENT"),
+                                     ("", "0", "1")) == "1",
         )
 
     @property

@@ -9,6 +9,7 @@ keeps the worker running (metrics stay scrapeable) until Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -162,4 +163,5 @@ def run_demo(replay_only: bool) -> int:
                 worker.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
-        print("worker stopped", flush=True)
+        with contextlib.suppress(OSError):  # the output may be a closed pipe by now
+            print("worker stopped", flush=True)

@@ -89,19 +89,23 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     nothing. Here it asks the broker (the consumer reads committed records only).
     And Faust waits to read the record just below that end, which in a transactional
     changelog is the last commit marker, never delivered: recovery only ended after
-    two 5 s timeouts. Here the end is the last data record (below its marker);
-    after an aborted tail Faust's timeout path still applies.
+    two 5 s timeouts. Here a changelog's end is its last data record (below its
+    marker); after an aborted tail Faust's timeout path still applies. Other
+    topics' ends are the broker's.
     Proof: the join/leave test (runs on stale state failed as run_not_started);
     benchmarks/rebalance_pause.py (a join paused every partition 14 s)."""
 
     async def _highwaters(self, partitions: list[TP]) -> Any:
         consumer = self._ensure_consumer()
         ends = await consumer.end_offsets(partitions)
-        if not self.consumer.in_transaction:
+        changelogs = self.consumer.app.tables.changelog_topics
+        if not self.consumer.in_transaction or not any(
+                tp.topic in changelogs for tp in partitions):
             return ends
         starts = await consumer.beginning_offsets(partitions)
         # Every transaction ends with one marker after its records: two offsets at least.
-        return {tp: end - 1 if end - starts[tp] >= 2 else end for tp, end in ends.items()}
+        return {tp: end - 1 if tp.topic in changelogs and end - starts[tp] >= 2 else end
+                for tp, end in ends.items()}
 
 
 class LeanMonitor(Monitor):

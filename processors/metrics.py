@@ -118,6 +118,10 @@ class PerRecordTallies(Collector):
         self.latency_buckets = [0] * (len(self.BUCKETS) + 1)  # the last one is +Inf
         self.latency_sum = 0.0
 
+    def records(self) -> int:
+        """Input records processed so far."""
+        return sum(self.partitions.values())
+
     def record(self, partition: int, latency: float) -> None:
         partitions = self.partitions
         partitions[partition] = partitions.get(partition, 0) + 1

@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import Settings
 from processors.faust_adaptations import AdaptedApp, send_in_transaction, transactional_id
+from processors.health import Liveness
 from processors.kafka_client import faust_credentials
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
@@ -195,6 +196,9 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
     started = {"ready": False}
 
+    liveness = Liveness(settings.stall_seconds, time.monotonic())
+    agent_streams: list[Any] = []  # (liveness: records queued for the agent)
+
     def apply(event: Any) -> None:
         """One record, start to ack. Synchronous: no commit can start while it runs."""
         clock = time.perf_counter()
@@ -218,6 +222,9 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     @app.agent(source)
     async def process(stream: Any) -> None:
         boundary = app.record_boundary
+        agent_streams.append(stream)
+        if settings.test_stall_agent:  # test only: input waits, nothing is processed
+            await asyncio.Event().wait()
         # The stream itself, not `stream.events()` (one async generator less per
         # record); its current event is the record's.
         async for _value in stream:
@@ -297,14 +304,55 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         unsent.clear()
         processor.forget()
 
+    assigned_once = {"done": False}
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def on_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        assigned_once["done"] = True
+        liveness.partitions_moved(time.monotonic())
+
+    @app.timer(min(10.0, settings.stall_seconds / 3))  # type: ignore[untyped-decorator]
+    async def check_progress() -> None:
+        """Feed liveness: records processed so far, and the input partitions with
+        records waiting (not yet fetched, or delivered and not yet processed)."""
+        try:
+            lagging = await _lagging_partitions(app, ticks)
+            queued = sum(stream.channel.queue.qsize() for stream in agent_streams)
+            if queued:
+                lagging.append(f"{queued} record(s) queued for the agent")
+            liveness.observe(metrics.per_record.records(), lagging, time.monotonic())
+        except Exception as error:  # an exception in a Faust timer would crash the worker
+            log_exception_kind(log, logging.WARNING, "could not check progress", error)
+
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
         return web.bytes(generate_latest(metrics.registry), content_type=_METRICS_CONTENT_TYPE)
 
+    @app.page("/livez")
+    async def liveness_page(web: Any, request: Any) -> Any:
+        verdict = liveness.verdict(time.monotonic())
+        alive = verdict.healthy and not app.should_stop
+        return web.json({"alive": alive, "reason": verdict.reason if not app.should_stop
+                         else "stopping"}, status=200 if alive else 503)
+
+    @app.page("/readyz")
+    async def readiness_page(web: Any, request: Any) -> Any:
+        """Ready: in the group with its partitions assigned and its tables recovered."""
+        reason = ("stopping" if app.should_stop
+                  else "joining the consumer group" if not assigned_once["done"]
+                  else "rebalancing" if app.rebalancing
+                  else "recovering tables" if app.in_recovery else "")
+        return web.json({"ready": not reason, "reason": reason or "ready",
+                         "inputPartitions": _input_partitions(app, ticks)},
+                        status=503 if reason else 200)
+
     @app.page("/healthz")
     async def health_page(web: Any, request: Any) -> Any:
-        healthy = not app.should_stop
-        return web.json({"ok": healthy, "processed": started["ready"],
+        """Liveness, with what a person checking a worker wants to see."""
+        verdict = liveness.verdict(time.monotonic())
+        healthy = verdict.healthy and not app.should_stop
+        return web.json({"ok": healthy, "reason": verdict.reason,
+                         "processed": started["ready"],
                          "inputPartitions": _input_partitions(app, ticks)},
                         status=200 if healthy else 503)
 
@@ -375,6 +423,29 @@ def _input_partitions(app: faust.App, ticks: str) -> int:
         return sum(_is_input(app, ticks, tp.topic) for tp in app.consumer.assignment())
     except Exception:  # no consumer yet: starting
         return 0
+
+
+async def _lagging_partitions(app: faust.App, ticks: str) -> list[str]:
+    """Assigned input partitions with records waiting for this worker: records not
+    yet handed to the agent (the consumer's position below the partition's end),
+    or handed over and not yet processed (unacked: the worker acks each record as
+    it processes it). Transaction markers and aborted records move the position
+    past them, so they never count."""
+    consumer = app.consumer
+    waiting = {message.tp for message in list(getattr(consumer, "_unacked_messages", ()))
+               if not message.acked}
+    lagging: list[str] = []
+    inputs = []
+    for tp in sorted(consumer.assignment()):
+        if not _is_input(app, ticks, tp.topic):
+            continue
+        inputs.append(tp)
+    ends = await consumer.highwaters(*inputs) if inputs else {}
+    for tp in inputs:
+        end, position = ends.get(tp), await consumer.position(tp)
+        if tp in waiting or (end is not None and position is not None and position < end):
+            lagging.append(f"{tp.topic}[{tp.partition}]")
+    return lagging
 
 
 def _is_input(app: faust.App, ticks: str, topic: str) -> bool:

@@ -107,7 +107,7 @@ def test_two_workers_with_own_state_and_metrics() -> None:
         assert container == port, name
         host_ports.append(host)
         test = " ".join(w["healthcheck"]["test"])
-        assert f"127.0.0.1:{port}/healthz" in test, name
+        assert f"127.0.0.1:{port}/livez" in test, name
         assert w["healthcheck"]["start_period"]
     assert len(set(volumes)) == 2, "workers must not share a RocksDB volume"
     assert set(volumes) <= set(compose()["volumes"])

@@ -1,5 +1,5 @@
 """Dockerfile: parsed with the BuildKit parser (PyPI `dockerfile`), linted with hadolint,
-and its HEALTHCHECK command run against a local /healthz."""
+and its HEALTHCHECK command run against a local /livez."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ class _Healthz(http.server.BaseHTTPRequestHandler):
     status = 200
 
     def do_GET(self) -> None:
-        self.send_response(self.status if self.path == "/healthz" else 404)
+        self.send_response(self.status if self.path == "/livez" else 404)
         self.end_headers()
 
     def log_message(self, *args: object) -> None:

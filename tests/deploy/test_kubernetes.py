@@ -128,8 +128,9 @@ def test_worker_runs_the_worker_command_with_probes_and_resources() -> None:
     port = int(one("ConfigMap")["data"]["AGUI_METRICS_PORT"])
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == port
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["httpGet"]["path"] == "/healthz", probe
+    paths = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/livez"}
+    for probe, path in paths.items():
+        assert c[probe]["httpGet"]["path"] == path, probe
         assert c[probe]["httpGet"]["port"] in ("metrics", port), probe
     res = c["resources"]
     assert {"cpu", "memory"} <= set(res["requests"])
