@@ -42,7 +42,7 @@ class RunReport:
     messages: list[dict[str, Any]] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
-        """The conformance corpus's shape (../shared/conformance/README.md)."""
+        """The conformance corpus's shape (tests/conformance/README.md)."""
         return {
             "outcome": self.outcome,
             "failure": self.failure,

@@ -1,4 +1,4 @@
-"""Prometheus metrics the service exports (contract: ../shared/spec/topics.md).
+"""Prometheus metrics the service exports (contract: docs/topics.md, "Metrics").
 
 Every label value comes from a closed set (codes, reasons, event types,
 outcomes); tenants are never a label here, so the scrape stays bounded however

@@ -87,6 +87,11 @@ class OutputBuilder:
                 metrics.discarded_events.inc()
         return out
 
+    def count_lost(self, reason: LossReason, values: int) -> None:
+        """`values` encrypted values lost for `reason` (outside an engine decision)."""
+        if values:
+            self.metrics.encrypted_content_lost.labels(reason.value).inc(values)
+
     def dead_letter_for_exception(self, record: Incoming, tenant: str) -> Outgoing:
         """An unexpected error while processing: the run is failed, the record kept."""
         self.metrics.run_failures.labels("processing_error").inc()

@@ -21,7 +21,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from processors.engine.codes import LossReason
 from processors.engine.engine import KeyEngine
+from processors.engine.history import held_encrypted_values
 from processors.engine.state import KeyState, Phase
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
@@ -347,6 +349,9 @@ class RecordProcessor:
             old = self._cache.pop(state_key, None)
             if old is not None and old.engine.state.run is not None:
                 self._count_open(-1)
+                # Every encrypted value the failed run held is lost, as in any failure.
+                self.builder.count_lost(LossReason.RUN_FAILED,
+                                        held_encrypted_values(old.engine.state.run))
             fresh = CachedKey.empty(record.partition, now, Phase.FAILED)
             fresh.applied = Applied(record.topic, record.offset)
             # Whatever the key had stored is deleted at the next changes().

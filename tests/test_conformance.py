@@ -1,14 +1,20 @@
-"""The conformance corpus (../shared/conformance), run through the checker.
+"""The conformance corpora, run through the checker.
 
-Every case is fed through `processors.checker.check_records` (the engine the
-service uses) and compared exactly as the corpus README says: outcome and
-failure exactly, warnings and lostEncrypted as multisets, messages as JSON
-values in order. The console script is exercised on a few cases too.
+Two corpora (tests/corpora.py): the repository's own, tests/conformance/,
+always; the shared one, ../shared/conformance, when that directory exists
+(otherwise its tests are skipped with the reason). Every case is fed through
+`processors.checker.check_records` (the engine the service uses) and compared
+as tests/conformance/README.md says: outcome and failure exactly, warnings and
+lostEncrypted as multisets, messages as JSON values in order, each message
+parsing with the ag-ui-protocol models. The in-repo corpus must cover every
+failure, warning and loss code the checker can produce. The console script is
+exercised on a few in-repo cases too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -20,16 +26,27 @@ from ag_ui.core import Message
 from pydantic import TypeAdapter
 
 from processors.checker import CheckTotals, check_records, read_records
+from processors.engine.codes import FailureCode, LossReason, WarningCode
+from tests.corpora import EXTERNAL, EXTERNAL_SKIP_REASON, IN_REPO, Case, case_params
 
-CORPUS = Path(__file__).parents[1].parent / "shared" / "conformance"
-CASES = CORPUS / "cases"
-EXPECTED: dict[str, Any] = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))
+CASES = IN_REPO.cases_dir
+EXPECTED = IN_REPO.expected
 CLI = Path(sys.executable).with_name("agui-stream")
 MESSAGE = TypeAdapter(Message)
+README = (IN_REPO.root / "README.md").read_text(encoding="utf-8")
+
+# Codes no single key's records can make the checker produce; the in-repo
+# README says why and where they are tested instead.
+NOT_IN_CORPUS = {
+    FailureCode.RUN_ABANDONED,  # the service's idle timeout; the checker never abandons
+    LossReason.RUN_ABANDONED,
+    WarningCode.NOT_STORABLE,  # the service's history sink refusing a record
+    LossReason.NOT_STORABLE,
+}
 
 
-def run_case(name: str) -> list[dict[str, Any]]:
-    with (CASES / f"{name}.jsonl").open("rb") as stream:
+def run_case(path: Path) -> list[dict[str, Any]]:
+    with path.open("rb") as stream:
         return [r.as_json() for r in check_records(read_records(stream), CheckTotals())]
 
 
@@ -56,24 +73,49 @@ def assert_ag_ui_messages(messages: list[dict[str, Any]]) -> None:
             assert None not in call.values(), call
 
 
-def test_corpus_is_complete() -> None:
-    files = {p.stem for p in CASES.glob("*.jsonl")}
+# --- the corpora ------------------------------------------------------------------
+
+
+def test_in_repo_corpus_is_complete() -> None:
+    files = IN_REPO.case_files()
     assert files == set(EXPECTED)
+    stated = re.search(r"It holds (\d+) cases\.", README)
+    assert stated is not None and int(stated.group(1)) == len(files)
+    listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", README, re.M))
+    assert listed == files  # every case has its line in the README's tables
+
+
+def test_in_repo_corpus_covers_every_code() -> None:
+    failures = {r["failure"]["code"] for runs in EXPECTED.values() for r in runs if r["failure"]}
+    warnings = {w["code"] for runs in EXPECTED.values() for r in runs for w in r["warnings"]}
+    losses = {x["reason"] for runs in EXPECTED.values() for r in runs
+              for x in r["lostEncrypted"]}
+    assert failures == {c.value for c in FailureCode} - {c.value for c in NOT_IN_CORPUS}
+    assert warnings == {c.value for c in WarningCode} - {c.value for c in NOT_IN_CORPUS}
+    assert losses == {c.value for c in LossReason} - {c.value for c in NOT_IN_CORPUS}
+    for code in NOT_IN_CORPUS:
+        assert f"`{code.value}`" in README, code  # the README says why it is left out
+
+
+@pytest.mark.skipif(not EXTERNAL.present(), reason=EXTERNAL_SKIP_REASON)
+def test_external_corpus_is_complete() -> None:
+    files = EXTERNAL.case_files()
+    assert files == set(EXTERNAL.expected)
     assert len(files) == 47
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_case(name: str) -> None:
-    actual = run_case(name)
-    assert_matches(actual, EXPECTED[name]["runs"])
+@pytest.mark.parametrize("case", case_params())
+def test_case(case: Case) -> None:
+    actual = run_case(case.path)
+    assert_matches(actual, case.runs)
     for run in actual:
         if run["outcome"] in ("finished", "error"):
             assert_ag_ui_messages(run["messages"])
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_expected_messages_parse_with_ag_ui(name: str) -> None:
-    for run in EXPECTED[name]["runs"]:
+@pytest.mark.parametrize("case", case_params())
+def test_expected_messages_parse_with_ag_ui(case: Case) -> None:
+    for run in case.runs:
         assert_ag_ui_messages(run["messages"])
 
 
@@ -89,11 +131,11 @@ def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[b
 @pytest.mark.parametrize(
     ("name", "code"),
     [
-        ("span-message-encrypted-basic", 0),
-        ("snapshot-unknown-role-dropped", 0),
-        ("run-failed-loses-held-values", 1),
-        ("event-after-run-finished", 1),
-        ("multiple-runs-one-key", 0),
+        ("reasoning-span-encrypted-answer", 0),
+        ("snapshot-unknown-members-and-fields", 0),
+        ("lost-run-failed-counts-held-values", 1),
+        ("lifecycle-events-after-terminal", 1),
+        ("lifecycle-error-first-then-finished-then-open", 0),
     ],
 )
 def test_cli_json(name: str, code: int) -> None:
@@ -101,14 +143,15 @@ def test_cli_json(name: str, code: int) -> None:
     assert done.returncode == code, done.stderr
     report = json.loads(done.stdout)
     assert set(report) == {"runs"}
-    assert_matches(report["runs"], EXPECTED[name]["runs"])
+    assert_matches(report["runs"], EXPECTED[name])
 
 
 def test_cli_stdin() -> None:
-    data = (CASES / "chunk-basic.jsonl").read_bytes()
+    data = (CASES / "chunk-reasoning-then-text-same-lane.jsonl").read_bytes()
     done = cli("check", "-", "--json", stdin=data)
     assert done.returncode == 0, done.stderr
-    assert_matches(json.loads(done.stdout)["runs"], EXPECTED["chunk-basic"]["runs"])
+    assert_matches(json.loads(done.stdout)["runs"],
+                   EXPECTED["chunk-reasoning-then-text-same-lane"])
 
 
 def test_cli_missing_file(tmp_path: Path) -> None:
@@ -128,15 +171,15 @@ def test_cli_usage_error() -> None:
 
 
 def test_cli_human_report_failure() -> None:
-    done = cli("check", str(CASES / "run-failed-loses-held-values.jsonl"))
+    done = cli("check", str(CASES / "lost-run-failed-counts-held-values.jsonl"))
     assert done.returncode == 1
     out = done.stdout.decode()
     assert "FAILED" in out
-    assert "failure at line 11: message_not_open" in out
+    assert "failure at line 12: malformed_event" in out
     assert "warning at line" in out and "encrypted_value_unknown_entity" in out
     assert "run_failed" in out and "unknown_entity" in out
     # Confidentiality: the report never shows encrypted values.
-    text = (CASES / "run-failed-loses-held-values.jsonl").read_text(encoding="utf-8")
+    text = (CASES / "lost-run-failed-counts-held-values.jsonl").read_text(encoding="utf-8")
     for line in text.splitlines():
         event = json.loads(line)
         if "encryptedValue" in event:
@@ -144,11 +187,11 @@ def test_cli_human_report_failure() -> None:
 
 
 def test_cli_human_report_outcomes() -> None:
-    done = cli("check", str(CASES / "multiple-runs-one-key.jsonl"))
+    done = cli("check", str(CASES / "lifecycle-error-first-then-finished-then-open.jsonl"))
     assert done.returncode == 0
     out = done.stdout.decode()
     assert "ERROR" in out and "FINISHED, 1 message(s)" in out and "OPEN" in out
-    done = cli("check", str(CASES / "newer-producer-material-stripped.jsonl"))
+    done = cli("check", str(CASES / "protocol-version-and-unknown-material.jsonl"))
     assert done.returncode == 0
     out = done.stdout.decode()
     for code in ("protocol_version", "unknown_event_type", "unknown_field", "unknown_member"):

@@ -221,6 +221,27 @@ def test_a_run_ending_and_the_next_starting_between_commits_never_mix_text() -> 
 # --- containment ----------------------------------------------------------------------
 
 
+def test_an_internal_error_counts_the_failed_run_s_encrypted_values_as_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    feeder = Feeder()
+    metrics = Metrics()
+    processor = Committed().processor(metrics)
+    feed(processor, [feeder.record(e) for e in [
+        run_started("r1"), r_start("rm"), r_content("rm", "x"), r_end("rm"),
+        {"type": "REASONING_ENCRYPTED_VALUE", "subtype": "message", "entityId": "rm",
+         "encryptedValue": "enc"}]])
+
+    def failing(engine: KeyEngine, raw: bytes | str) -> Any:
+        raise RuntimeError("internal")
+
+    monkeypatch.setattr(KeyEngine, "feed", failing)
+    out = feed(processor, [feeder.record(t_content("m", "BOOM"))])
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    lost = metrics.encrypted_content_lost.labels("run_failed")._value.get()
+    assert lost == 1
+
+
 def test_an_internal_error_fails_the_run_once_and_the_next_run_starts_clean(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,4 +1,4 @@
-"""One focused test per rule of ../shared/spec/reasoning.md (sections 1-7 and 9).
+"""One focused test per rule of the rule book, docs/rules.md.
 
 Each test fails when its rule is broken; the conformance corpus covers some of
 the same ground, these tests concentrate on what it leaves out.

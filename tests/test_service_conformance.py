@@ -1,6 +1,9 @@
-"""The whole conformance corpus through a running worker on a real broker.
+"""The conformance corpora through a running worker on a real broker.
 
-Each case is produced under its own record key and its own tenant (so its
+One test per corpus (tests/corpora.py): the repository's own,
+tests/conformance/, always; the shared one, ../shared/conformance, when that
+directory exists (otherwise that test is skipped with the reason). Each case
+of the corpus is produced under its own record key and its own tenant (so its
 history has its own thread key), all cases interleaved on a 4-partition topic.
 The history and dead-letter topics are read back with read_committed and
 compared with the expected outcomes; the loss counter is scraped from
@@ -9,7 +12,6 @@ compared with the expected outcomes; the loss counter is scraped from
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -17,22 +19,14 @@ from typing import Any
 
 import pytest
 
+from tests.corpora import Corpus, corpus_params
 from tests.service_harness import Namespace, TopicReader, Worker, produce
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "conformance"
 
 pytestmark = pytest.mark.kafka
 
 
-def load_cases() -> dict[str, tuple[list[bytes], list[dict[str, Any]]]]:
-    expected = json.loads((CORPUS / "expected.json").read_text())
-    cases = {}
-    for name, entry in expected.items():
-        lines = (CORPUS / "cases" / f"{name}.jsonl").read_bytes().split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        cases[name] = (lines, entry["runs"])
-    return cases
+def load_cases(corpus: Corpus) -> dict[str, tuple[list[bytes], list[dict[str, Any]]]]:
+    return {case.name: (case.lines(), case.runs) for case in corpus.cases()}
 
 
 def scraped_counter(text: str, name: str) -> Counter[str]:
@@ -42,8 +36,10 @@ def scraped_counter(text: str, name: str) -> Counter[str]:
     return found
 
 
-def test_conformance_corpus_through_the_service(kafka_bootstrap: str, tmp_path: Path) -> None:
-    cases = load_cases()
+@pytest.mark.parametrize("corpus", corpus_params())
+def test_conformance_corpus_through_the_service(corpus: Corpus, kafka_bootstrap: str,
+                                                tmp_path: Path) -> None:
+    cases = load_cases(corpus)
     namespace = Namespace(kafka_bootstrap)
     namespace.create_topics()
     # Interleave the cases line by line, as a fleet of agents would.

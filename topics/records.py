@@ -1,4 +1,4 @@
-"""Output record shapes (contract: ../shared/spec/topics.md), as pydantic v2 models.
+"""Output record shapes (contract: docs/topics.md), as pydantic v2 models.
 
 Downstream teams build on these; a change is a new `schema` value, never a
 silent one. Optional keys are absent, never null. A dead letter's `event` is
