@@ -375,6 +375,35 @@ def stop_without_commit(what: str) -> NoReturn:
     os._exit(EXIT_UNSENT)
 
 
+def log_partition_state(app: faust.App) -> None:
+    """Log where Faust's consumer and table recovery stand: partitions, offsets and
+    flags only (what a stuck worker needs explained; never a record's content)."""
+    def tps(partitions: Any) -> str:
+        return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(partitions or ()))
+
+    def offsets(mapping: Any) -> str:
+        return ", ".join(f"{tp.topic}[{tp.partition}]={offset}"
+                         for tp, offset in sorted(dict(mapping or {}).items()))
+
+    try:
+        consumer: Any = app.consumer
+        recovery: Any = getattr(app.tables, "recovery", None)
+        lines = [
+            f"assigned: {tps(consumer.assignment())}",
+            f"fetched (active): {tps(getattr(consumer, '_active_partitions', None))}",
+            f"paused: {tps(getattr(consumer, '_paused_partitions', None))}",
+            f"flow: consumer {consumer.flow_active}, app {app.flow_control.is_active()};"
+            f" rebalancing {app.rebalancing}; in recovery {app.in_recovery}",
+            f"recovery offsets: {offsets(getattr(recovery, 'active_offsets', None))}",
+            f"recovery highwaters: {offsets(getattr(recovery, 'active_highwaters', None))}",
+            f"read offsets: {offsets(getattr(consumer, '_read_offset', None))}",
+            f"committed offsets: {offsets(getattr(consumer, '_committed_offset', None))}",
+        ]
+        log.warning("consumer state:\n%s", "\n".join(lines))
+    except Exception as error:  # a diagnostic must never stop the worker
+        log_exception_kind(log, logging.WARNING, "could not log the consumer state", error)
+
+
 def log_task_stacks() -> None:
     """Log where each asyncio task waits: code locations only, never values."""
     lines = sorted(f"{task.get_name()}: {await_path(task)}" for task in asyncio.all_tasks())

@@ -70,7 +70,7 @@ def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
     the consumer thread waits on it for ever) ends the process without a
     commit, which is what a kill does and is safe.
     """
-    from processors.service import log_task_stacks
+    from processors.service import log_partition_state, log_task_stacks
 
     class SignalSafeWorker(base):  # type: ignore[misc]
         def _on_sigterm(self) -> None:
@@ -83,6 +83,7 @@ def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
 
         def _on_sigusr1(self) -> None:
             log_task_stacks()
+            log_partition_state(self.app)
 
         def _on_sigusr2(self) -> None:
             log.warning("SIGUSR2 ignored: it would start a debugger")

@@ -1,10 +1,16 @@
-"""`kill -USR1` on a worker logs where each task waits, down to the innermost await."""
+"""`kill -USR1` on a worker logs where each task waits, down to the innermost await,
+and where Faust's consumer and table recovery stand."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from types import SimpleNamespace
 
-from processors.service import await_path
+import pytest
+from faust.types import TP
+
+from processors.service import await_path, log_partition_state
 
 
 async def _innermost(gate: asyncio.Event) -> None:
@@ -29,3 +35,24 @@ def test_the_path_reaches_the_innermost_await() -> None:
     names = [place.split(" ")[0] for place in path.split(" -> ")]
     assert names[:3] == ["_outer", "_innermost", "wait"], path
     assert names[-1].startswith("Future"), path  # the future it waits on
+
+
+def test_the_consumer_state_names_partitions_offsets_and_flags(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    events, log = TP("events", 1), TP("app-run-state-changelog", 1)
+    consumer = SimpleNamespace(
+        assignment=lambda: {events, log}, _active_partitions={events}, _paused_partitions={log},
+        flow_active=True, _read_offset={events: 41}, _committed_offset={events: 40})
+    app = SimpleNamespace(
+        consumer=consumer, flow_control=SimpleNamespace(is_active=lambda: False),
+        rebalancing=False, in_recovery=True,
+        tables=SimpleNamespace(recovery=SimpleNamespace(active_offsets={log: 7},
+                                                         active_highwaters={log: 9})))
+    with caplog.at_level(logging.WARNING):
+        log_partition_state(app)  # type: ignore[arg-type]
+    assert "fetched (active): events[1]" in caplog.text
+    assert "paused: app-run-state-changelog[1]" in caplog.text
+    assert "flow: consumer True, app False; rebalancing False; in recovery True" in caplog.text
+    assert "recovery highwaters: app-run-state-changelog[1]=9" in caplog.text
+    assert "read offsets: events[1]=41" in caplog.text
