@@ -32,7 +32,7 @@ cleanup() {
     set +e
     if [ "$started_broker" -eq 1 ]; then
         "$PY" deploy/kafka_local.py stop --state-dir "$STATE/kafka" >/dev/null 2>&1
-        step "stopped the local Kafka broker" 2>/dev/null
+        step "stopped the local Kafka broker" || true
     fi
 }
 trap cleanup EXIT
