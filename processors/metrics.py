@@ -69,16 +69,15 @@ class Metrics:
         )
         self.per_record = PerRecordTallies()
         r.register(self.per_record)
+        # One raw input record of a partition processed in some seconds (per record:
+        # the tally's own method, no layer in between).
+        self.count_record = self.per_record.record
         self._expose_every_label()
 
     def count_event(self, event_type: str) -> None:
         """One raw record of `event_type` consumed."""
         tally = self.per_record.events
         tally[event_type] = tally.get(event_type, 0) + 1
-
-    def count_record(self, partition: int, latency: float) -> None:
-        """One raw record of input partition `partition` processed in `latency` seconds."""
-        self.per_record.record(partition, latency)
 
     def _expose_every_label(self) -> None:
         """Export every series of the closed label sets from the start, at 0.

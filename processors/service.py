@@ -194,7 +194,6 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         idle_timeout=settings.idle_timeout_seconds)
     # What each partition's records produced since the last commit.
     unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
-    started = {"ready": False}
 
     liveness = Liveness(settings.stall_seconds, time.monotonic())
     agent_streams: list[Any] = []  # (liveness: records queued for the agent)
@@ -210,14 +209,13 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         )
         if message.topic == ticks:
             produced = processor.sweep(message.partition, time.time(), record)
+            event.ack()
         else:
             produced = processor.process(record, time.time())
+            event.ack()
+            metrics.count_record(message.partition, time.perf_counter() - clock)
         if produced:
             unsent[message.partition].extend(produced)
-        event.ack()
-        if message.topic != ticks:
-            metrics.count_record(message.partition, time.perf_counter() - clock)
-        started["ready"] = True
 
     @app.agent(source)
     async def process(stream: Any) -> None:
@@ -328,12 +326,16 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     async def metrics_page(web: Any, request: Any) -> Any:
         return web.bytes(generate_latest(metrics.registry), content_type=_METRICS_CONTENT_TYPE)
 
+    def alive() -> tuple[bool, str]:
+        if app.should_stop:
+            return False, "stopping"
+        verdict = liveness.verdict(time.monotonic())
+        return verdict.healthy, verdict.reason
+
     @app.page("/livez")
     async def liveness_page(web: Any, request: Any) -> Any:
-        verdict = liveness.verdict(time.monotonic())
-        alive = verdict.healthy and not app.should_stop
-        return web.json({"alive": alive, "reason": verdict.reason if not app.should_stop
-                         else "stopping"}, status=200 if alive else 503)
+        healthy, reason = alive()
+        return web.json({"alive": healthy, "reason": reason}, status=200 if healthy else 503)
 
     @app.page("/readyz")
     async def readiness_page(web: Any, request: Any) -> Any:
@@ -349,10 +351,9 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     @app.page("/healthz")
     async def health_page(web: Any, request: Any) -> Any:
         """Liveness, with what a person checking a worker wants to see."""
-        verdict = liveness.verdict(time.monotonic())
-        healthy = verdict.healthy and not app.should_stop
-        return web.json({"ok": healthy, "reason": verdict.reason,
-                         "processed": started["ready"],
+        healthy, reason = alive()
+        return web.json({"ok": healthy, "reason": reason,
+                         "processed": metrics.per_record.records() > 0,
                          "inputPartitions": _input_partitions(app, ticks)},
                         status=200 if healthy else 503)
 
@@ -464,11 +465,7 @@ async def _lagging_partitions(app: faust.App, ticks: str) -> list[str]:
     waiting = {message.tp for message in list(getattr(consumer, "_unacked_messages", ()))
                if not message.acked}
     lagging: list[str] = []
-    inputs = []
-    for tp in sorted(consumer.assignment()):
-        if not _is_input(app, ticks, tp.topic):
-            continue
-        inputs.append(tp)
+    inputs = [tp for tp in sorted(consumer.assignment()) if _is_input(app, ticks, tp.topic)]
     ends = await consumer.highwaters(*inputs) if inputs else {}
     for tp in inputs:
         end, position = ends.get(tp), await consumer.position(tp)
