@@ -78,7 +78,10 @@ class Scraper(threading.Thread):
 
 def longest_pause(progress: list[tuple[float, float]], start: float, end: float,
                   produced: float) -> float:
-    """Longest time in [start, end] between two samples where the count grew.
+    """Longest time in [start, end] between two samples where the count grew (or
+    the window's start). A growth before the window counts as the start: a
+    partition the counted workers last processed before the window (it was
+    elsewhere) pauses from the window's start, not from that growth.
 
     Measured only while records remained for the partition."""
     longest = 0.0
@@ -87,7 +90,7 @@ def longest_pause(progress: list[tuple[float, float]], start: float, end: float,
     for at, count in progress:
         if previous is not None and count > previous:
             if at >= start:
-                longest = max(longest, at - last_growth)
+                longest = max(longest, at - max(last_growth, start))
             last_growth = at
         previous = count
         if at > end:
@@ -99,7 +102,7 @@ def longest_pause(progress: list[tuple[float, float]], start: float, end: float,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", type=int, default=400_000)
+    parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--stay", type=float, default=25.0)
     parser.add_argument("--store", default="rocksdb://", choices=["rocksdb://", "memory://"])

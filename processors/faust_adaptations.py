@@ -188,6 +188,13 @@ class _Resumed:
                     return finished.value
 
 
+def resumed_coroutine(frame: Any) -> Any:
+    """The coroutine a suspended `_Resumed` drives, given its frame (for task dumps)."""
+    if frame.f_code is _Resumed.__await__.__code__:
+        return frame.f_locals.get("coroutine")
+    return None
+
+
 class WholeRecordConsumer(faust_aiokafka.Consumer):
     """The consumer: commits cover whole records and carry the write-behind state."""
 
@@ -276,14 +283,28 @@ class ConcurrentCommitProducer(faust_aiokafka.Producer):
     async def commit_transactions(self, tid_to_offset_map: Any, group_id: str,
                                   start_new_transaction: bool = True) -> None:
         outcomes = await asyncio.gather(*(
-            super(ConcurrentCommitProducer, self).commit_transactions(
-                {transaction: offsets}, group_id,
-                start_new_transaction=start_new_transaction)
+            self._commit_transaction(transaction, offsets, group_id, start_new_transaction)
             for transaction, offsets in tid_to_offset_map.items()
         ), return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
+
+    async def _commit_transaction(self, transaction: str, offsets: Any, group_id: str,
+                                  start_new_transaction: bool) -> None:
+        """Faust ends every transaction when its streams are waited empty (at a stop,
+        before the agents stop) and then commits the offsets of the records they
+        processed after that: the commit raised "Not in the middle of a transaction",
+        the consumer's stop failed, the worker never left the group and its partitions
+        waited for the shutdown and session timeouts. Here such offsets are committed
+        in a transaction begun for them (the error is raised before anything is sent).
+        Proof: tests/test_service_transactions.py; rebalance_pause.py (the leave)."""
+        commit = super().commit_transactions
+        try:
+            await commit({transaction: offsets}, group_id, start_new_transaction)
+        except IllegalOperation:
+            await self.maybe_begin_transaction(transaction)
+            await commit({transaction: offsets}, group_id, start_new_transaction)
 
 
 class AdaptedTransport(faust_aiokafka.Transport):

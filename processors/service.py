@@ -34,7 +34,12 @@ from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import Settings
-from processors.faust_adaptations import AdaptedApp, send_in_transaction, transactional_id
+from processors.faust_adaptations import (
+    AdaptedApp,
+    resumed_coroutine,
+    send_in_transaction,
+    transactional_id,
+)
 from processors.health import Liveness
 from processors.kafka_client import faust_credentials
 from processors.metrics import Metrics
@@ -431,7 +436,7 @@ def await_path(task: asyncio.Task[Any]) -> str:
             continue
         places.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
         awaited = (getattr(awaited, "cr_await", None) or getattr(awaited, "ag_await", None)
-                   or getattr(awaited, "gi_yieldfrom", None))
+                   or getattr(awaited, "gi_yieldfrom", None) or resumed_coroutine(frame))
     return " -> ".join(places)
 
 

@@ -1,4 +1,5 @@
-"""The worker's transactional send, on a real broker, in the state a failed commit leaves.
+"""The worker's transactional send and commit, on a real broker, in the states a failed
+commit and a stop leave.
 
 A rebalance can fail a commit after it ended a partition's transaction and
 before Faust began the next one; every later send of that partition then
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from functools import partial
 
 import faust
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalOperation
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from processors.faust_adaptations import send_in_transaction
+from processors.faust_adaptations import AdaptedApp, send_in_transaction
 from tests.service_harness import TopicReader, create_topic
 
 
@@ -59,3 +63,50 @@ def test_the_state_it_repairs_is_real(kafka_bootstrap: str) -> None:
     create_topic(kafka_bootstrap, topic, 1)
     with pytest.raises(IllegalOperation):
         asyncio.run(_send_between_transactions(kafka_bootstrap, topic, repair=False))
+
+
+async def _commit_offsets_after_the_transaction_ended(
+        bootstrap: str, topic: str, group: str, producer_class: type | None) -> int | None:
+    """What a stop does: Faust ends every transaction when its streams are waited
+    empty, then commits the offsets of the records processed after that."""
+    app = AdaptedApp(f"txn-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}",
+                     processing_guarantee="exactly_once", autodiscover=False)
+    producer = app.producer
+    await producer.start()
+    transactional_id = f"{app.conf.id}-0-0"
+    try:
+        await producer.maybe_begin_transaction(transactional_id)
+        await producer.commit_transactions({transactional_id: {TopicPartition(topic, 0): 3}}, group,
+                                           start_new_transaction=False)
+        commit = (producer.commit_transactions if producer_class is None
+                  else partial(producer_class.commit_transactions, producer))
+        await commit({transactional_id: {TopicPartition(topic, 0): 5}}, group,
+                     start_new_transaction=False)
+    finally:
+        await producer.stop_transaction(transactional_id)
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                isolation_level="read_committed")
+    await consumer.start()
+    try:
+        return await consumer.committed(TopicPartition(topic, 0))
+    finally:
+        await consumer.stop()
+
+
+def test_offsets_committed_after_the_transactions_ended_commit(kafka_bootstrap: str) -> None:
+    topic, group = f"txn-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    committed = asyncio.run(_commit_offsets_after_the_transaction_ended(
+        kafka_bootstrap, topic, group, None))
+    assert committed == 5
+
+
+def test_faust_fails_to_commit_offsets_after_the_transactions_ended(
+        kafka_bootstrap: str) -> None:
+    """The state the adaptation repairs is real: Faust's own commit raises."""
+    topic, group = f"txn-{uuid.uuid4().hex[:8]}", f"group-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    with pytest.raises(IllegalOperation, match="Not in the middle of a transaction"):
+        asyncio.run(_commit_offsets_after_the_transaction_ended(
+            kafka_bootstrap, topic, group, faust_aiokafka.Producer))

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from faust.types import TP
 
+from processors.faust_adaptations import _Resumed
 from processors.service import await_path, log_partition_state
 
 
@@ -35,6 +36,25 @@ def test_the_path_reaches_the_innermost_await() -> None:
     names = [place.split(" ")[0] for place in path.split(" -> ")]
     assert names[:3] == ["_outer", "_innermost", "wait"], path
     assert names[-1].startswith("Future"), path  # the future it waits on
+
+
+def test_the_path_goes_on_into_a_delivery_the_consumer_started_itself() -> None:
+    """The consumer runs a record's delivery up to its first wait and hands the rest
+    to a task as a `_Resumed`: the path follows it into the delivery's own awaits."""
+    async def run() -> str:
+        gate = asyncio.Event()
+        delivery = _outer(gate)
+        pending = delivery.send(None)
+        task = asyncio.ensure_future(_Resumed(delivery, pending))
+        await asyncio.sleep(0)
+        path = await_path(task)
+        gate.set()
+        await task
+        return path
+
+    path = asyncio.run(run())
+    names = [place.split(" ")[0] for place in path.split(" -> ")]
+    assert names[-4:-1] == ["_outer", "_innermost", "wait"], path
 
 
 def test_the_consumer_state_names_partitions_offsets_and_flags(
