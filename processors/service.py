@@ -24,7 +24,10 @@ import inspect
 import logging
 import os
 import re
+import sys
+import threading
 import time
+import traceback
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, NoReturn
@@ -410,10 +413,27 @@ def log_partition_state(app: faust.App) -> None:
         log_exception_kind(log, logging.WARNING, "could not log the consumer state", error)
 
 
-def log_task_stacks() -> None:
-    """Log where each asyncio task waits: code locations only, never values."""
+def log_task_stacks(app: faust.App | None = None) -> None:
+    """Log where each asyncio task waits, on this loop and on the consumer thread's
+    (which fetches and commits for it), and where each thread is: code locations
+    only, never values."""
     lines = sorted(f"{task.get_name()}: {await_path(task)}" for task in asyncio.all_tasks())
     log.warning("%d tasks:\n%s", len(lines), "\n".join(lines))
+    thread_loop = getattr(getattr(getattr(app, "consumer", None), "_thread", None),
+                          "thread_loop", None)
+    if isinstance(thread_loop, asyncio.AbstractEventLoop):
+        try:  # another thread's loop: its task set may change while it is read
+            tasks = list(asyncio.all_tasks(thread_loop))
+        except RuntimeError:
+            tasks = []
+        lines = sorted(f"{task.get_name()}: {await_path(task)}" for task in tasks)
+        log.warning("%d consumer thread tasks:\n%s", len(lines), "\n".join(lines))
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = [f"{names.get(ident, ident)}: " + " -> ".join(
+                 f"{frame.name} ({frame.filename}:{frame.lineno})"
+                 for frame in traceback.extract_stack(top, limit=12))
+             for ident, top in sys._current_frames().items()]
+    log.warning("%d threads:\n%s", len(lines), "\n".join(sorted(lines)))
 
 
 def await_path(task: asyncio.Task[Any]) -> str:

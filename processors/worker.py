@@ -82,7 +82,7 @@ def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
             super()._on_sigint()
 
         def _on_sigusr1(self) -> None:
-            log_task_stacks()
+            log_task_stacks(self.app)
             log_partition_state(self.app)
 
         def _on_sigusr2(self) -> None:

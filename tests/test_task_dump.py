@@ -11,7 +11,7 @@ import pytest
 from faust.types import TP
 
 from processors.faust_adaptations import _Resumed
-from processors.service import await_path, log_partition_state
+from processors.service import await_path, log_partition_state, log_task_stacks
 
 
 async def _innermost(gate: asyncio.Event) -> None:
@@ -76,3 +76,30 @@ def test_the_consumer_state_names_partitions_offsets_and_flags(
     assert "flow: consumer True, app False; rebalancing False; in recovery True" in caplog.text
     assert "recovery highwaters: app-run-state-changelog[1]=9" in caplog.text
     assert "read offsets: events[1]=41" in caplog.text
+
+
+def test_the_dump_names_every_thread_and_the_consumer_thread_s_tasks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The consumer thread fetches and commits in its own loop: a stall there shows
+    in its tasks and its thread's stack, not in the main loop's tasks."""
+    thread_loop = asyncio.new_event_loop()
+    gate = asyncio.Event()
+    waiting = thread_loop.create_task(_outer(gate), name="fetch")
+    thread_loop.run_until_complete(asyncio.sleep(0))  # the task reaches its wait
+    app = SimpleNamespace(consumer=SimpleNamespace(_thread=SimpleNamespace(
+        thread_loop=thread_loop)))
+
+    async def dump() -> None:
+        log_task_stacks(app)  # type: ignore[arg-type]
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(dump())
+    finally:
+        waiting.cancel()
+        thread_loop.run_until_complete(asyncio.gather(waiting, return_exceptions=True))
+        thread_loop.close()
+    assert "1 consumer thread tasks:\nfetch: _outer" in caplog.text
+    assert "threads:\nMainThread: " in caplog.text
+    assert "test_the_dump_names_every_thread" in caplog.text  # this thread's own frame
