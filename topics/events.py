@@ -688,8 +688,16 @@ assert set(EVENT_MODELS) == EVENT_TYPES
 
 CleanCheck = Callable[[dict[str, Any]], bool]
 
-# Predicates the compiled check spells out as a type test rather than a call.
-_TYPE_TESTS: Final = {_is_string: "str", _is_object: "dict", _is_boolean: "bool"}
+# Predicates the compiled check spells out rather than calls, as source testing
+# the value whose source is given. A float safe integer passes the predicate but
+# not the inline test: valid, but rare on the wire, it takes the walk.
+_INLINE_TESTS: Final[dict[Callable[[Any], bool], Callable[[str], str]]] = {
+    _is_string: lambda value: f"type({value}) is str",
+    _is_object: lambda value: f"type({value}) is dict",
+    _is_boolean: lambda value: f"type({value}) is bool",
+    _is_safe_integer: lambda value: (f"(type(number := {value}) is int"
+                                     f" and {-MAX_SAFE_INTEGER} <= number <= {MAX_SAFE_INTEGER})"),
+}
 
 
 def compile_clean_check(model: Model, only: Collection[str] | None = None) -> CleanCheck:
@@ -698,7 +706,7 @@ def compile_clean_check(model: Model, only: Collection[str] | None = None) -> Cl
 
     The expression is built from the model's fields: no key outside them, every
     required field present, and each present field's value one its `clean`
-    predicate accepts (a plain type test for strings, objects and booleans).
+    predicate accepts (spelt out inline for the common predicates).
     False only means "take the walk": a valid event with a nested structure or
     a float timestamp is not clean here, and `check_model` gives the verdict.
     `type` is not looked at: the caller picked the model by it. Generated code
@@ -724,10 +732,10 @@ def compile_clean_check(model: Model, only: Collection[str] | None = None) -> Cl
         elif spec.clean is _is_anything:
             if spec.required:
                 terms.append(f"{key} in event")
-        elif spec.clean in _TYPE_TESTS:
-            wanted = _TYPE_TESTS[spec.clean]
-            terms.append(f"type(event.get({key})) is {wanted}" if spec.required
-                         else f"({key} not in event or type(event[{key}]) is {wanted})")
+        elif spec.clean in _INLINE_TESTS:
+            test = _INLINE_TESTS[spec.clean]
+            terms.append(test(f"event.get({key})") if spec.required
+                         else f"({key} not in event or {test(f'event[{key}]')})")
         else:
             accepts = f"accepts_{name}"  # field names are identifiers
             namespace[accepts] = spec.clean

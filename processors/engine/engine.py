@@ -90,7 +90,7 @@ class _Namespace:
         self.owned = name in NAMESPACES
         # Items are history (messages, tool calls): they take deltas and metadata.
         self.streams = streams
-        # The keys of a delta that only appends (`_DeltaMemo`).
+        # The keys of a delta that only appends (see the delta memo in KeyEngine).
         self.delta_keys = _PASSIVE_KEYS | {id_key, "subagentRunId", "delta"}
 
 
@@ -155,32 +155,6 @@ def _describe(ns: _Namespace, item_id: str) -> str:
     return f"{ns.noun} {item_id!r}"
 
 
-class _DeltaMemo:
-    """Where the key's last delta went, so that the same delta again goes straight there.
-
-    Set by a CONTENT/ARGS, or a chunk continuing an item, that did nothing but
-    append (no metadata, role, name, tool name or parent: keys within its
-    namespace's `delta_keys`), and dropped as soon as anything else is applied
-    to the run. Until then, a clean event of the same type with the same id
-    and the same tag meets the same run state, so its handler would pass the
-    same checks and append to the same fragments: the memo only skips the
-    lookups (tests/test_properties.py checks that it decides as the handler).
-    """
-
-    __slots__ = ("event_type", "fragments", "id_key", "is_clean", "item_id", "quiet", "tag")
-
-    def __init__(self, event: dict[str, Any], ns: _Namespace, fragments: Fragments) -> None:
-        rule = _RULES[event["type"]]
-        self.event_type = rule.event_type
-        # The event type's clean check, narrowed to the delta keys.
-        self.is_clean = rule.repeat_check
-        self.quiet = rule.quiet
-        self.id_key = ns.id_key
-        self.item_id = event.get(ns.id_key)  # None for an id-less chunk
-        self.tag = event.get("subagentRunId")
-        self.fragments = fragments
-
-
 class KeyEngine:
     """Checks and reassembles the runs of one run key.
 
@@ -190,14 +164,28 @@ class KeyEngine:
 
     # Slots keep the attributes inside the object: one cache line less to
     # fetch per record when a service interleaves thousands of keys.
-    __slots__ = ("_findings", "_memo", "_out", "content", "state")
+    __slots__ = ("_findings", "_memo_fragments", "_memo_id", "_memo_rule", "_memo_tag", "_out",
+                 "content", "state")
 
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []  # the current record's decisions; `_step` empties it
         self._findings = Findings()
-        self._memo: _DeltaMemo | None = None
+        # The delta memo: where the key's last delta went, so that the same delta
+        # again goes straight there. Set by a CONTENT/ARGS, or a chunk continuing
+        # an item, that did nothing but append (its keys within its namespace's
+        # `delta_keys`: no metadata, role, name, tool name or parent), and dropped
+        # as soon as anything else is applied to the run. Until then, a clean
+        # event of the same type with the same id and the same tag meets the same
+        # run state: its handler would pass the same checks and append to the
+        # same fragments, so the memo only skips the lookups (which, with
+        # thousands of keys interleaved, are mostly cache misses).
+        # tests/test_decorated_events.py checks that it decides as the handlers.
+        self._memo_rule: _Rule | None = None  # the delta's rule; None: no memo
+        self._memo_id: str | None  # its id, None for an id-less chunk
+        self._memo_tag: str | None  # its subagentRunId
+        self._memo_fragments: Fragments
 
     # --- entry points ---------------------------------------------------------
 
@@ -210,13 +198,13 @@ class KeyEngine:
             event = _loads(raw)
         except orjson.JSONDecodeError:
             event = None
-        memo = self._memo  # set only while a run is active
+        memo = self._memo_rule  # set only while a run is active
         if (memo is not None and type(event) is dict and event.get("type") == memo.event_type
-                and memo.is_clean(event) and event.get(memo.id_key) == memo.item_id
-                and event.get("subagentRunId") == memo.tag):
+                and memo.repeat_check(event) and event.get(memo.delta_id_key) == self._memo_id
+                and event.get("subagentRunId") == self._memo_tag):
             delta = event.get("delta")
             if delta:
-                memo.fragments.append(delta)
+                self._memo_fragments.append(delta)
             return memo.quiet
         event_type = event.get("type") if type(event) is dict else None
         if type(event_type) is not str:
@@ -291,7 +279,7 @@ class KeyEngine:
     # --- lifecycle ------------------------------------------------------------
 
     def _apply(self, run: RunState, rule: _Rule, event: dict[str, Any]) -> None:
-        self._memo = None  # the run changes: where a delta goes may change with it
+        self._memo_rule = None  # the run changes: where a delta goes may change with it
         try:
             lanes = run.lanes
             if lanes:
@@ -415,7 +403,7 @@ class KeyEngine:
         if run is not None:
             self.content.clear()
         self.state.run = None
-        self._memo = None
+        self._memo_rule = None
 
     def _fail(self, code: FailureCode, reason: str,
               loss: LossReason = LossReason.RUN_FAILED) -> None:
@@ -613,13 +601,16 @@ class KeyEngine:
 
     def _append(self, run: RunState, ns: _Namespace, item_id: str, delta: str,
                 metadata: dict[str, Any] | None, event: dict[str, Any]) -> None:
-        """A continuation's delta and metadata; the memo learns where such a delta goes."""
+        """A continuation's delta and metadata; the delta memo learns where it went."""
         if ns is _TOOL_CALLS:
             fragments = self._append_args(run, item_id, delta, metadata)
         else:
             fragments = self._append_text(run, item_id, delta, metadata)
         if fragments is not None and ns.delta_keys.issuperset(event):
-            self._memo = _DeltaMemo(event, ns, fragments)
+            self._memo_rule = _RULES[event["type"]]
+            self._memo_id = event.get(ns.id_key)
+            self._memo_tag = event.get("subagentRunId")
+            self._memo_fragments = fragments
 
     # --- reasoning and text messages -----------------------------------------------
 
@@ -840,8 +831,8 @@ def _ignore(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
 class _Rule:
     """What one event type does once its schema check has passed."""
 
-    __slots__ = ("event_type", "in_run", "is_clean", "lanes", "model", "outside_run", "quiet",
-                 "repeat_check")
+    __slots__ = ("delta_id_key", "event_type", "in_run", "is_clean", "lanes", "model",
+                 "outside_run", "quiet", "repeat_check")
 
     def __init__(self, event_type: str, in_run: _Handler, lanes: _Lanes,
                  outside_run: _OutsideRun = KeyEngine._stray,
@@ -853,9 +844,11 @@ class _Rule:
         self.lanes = lanes  # the pending chunk items it closes first
         self.outside_run = outside_run  # what it does when no run is active (section 3)
         self.quiet = _QUIET_STEPS[event_type]  # its Step when it decides nothing
-        # For a delta to items of `deltas`: the clean check of a repeat (`_DeltaMemo`).
+        # For a delta to items of `deltas`, what the delta memo needs: the clean
+        # check narrowed to a delta that only appends, and the item's id field.
         self.repeat_check = never_clean if deltas is None else compile_clean_check(
             self.model, deltas.delta_keys)
+        self.delta_id_key = "" if deltas is None else deltas.id_key
 
 
 _RULES: Final = {rule.event_type: rule for rule in (
