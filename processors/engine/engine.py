@@ -172,15 +172,16 @@ class KeyEngine:
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []  # the current record's decisions; `_step` empties it
         self._findings = Findings()
-        # The delta memo: where the key's last delta went, so that the same delta
-        # again goes straight there. Set by a CONTENT/ARGS, or a chunk continuing
-        # an item, that did nothing but append (its keys within its namespace's
-        # `delta_keys`: no metadata, role, name, tool name or parent), and dropped
-        # as soon as anything else is applied to the run. Until then, a clean
-        # event of the same type with the same id and the same tag meets the same
-        # run state: its handler would pass the same checks and append to the
-        # same fragments, so the memo only skips the lookups (which, with
-        # thousands of keys interleaved, are mostly cache misses).
+        # The delta memo: where the key's next delta goes, if it is the same as
+        # the last one. Set by a CONTENT/ARGS, or a chunk continuing an item,
+        # that did nothing but append (its keys within its namespace's
+        # `delta_keys`: no metadata, role, name, tool name or parent), and by an
+        # opening chunk with a delta, for the id-less chunks of its lane that
+        # continue it; dropped as soon as anything else is applied to the run.
+        # Until then, a clean event of that type, id and tag that only appends
+        # meets the same run state: its handler would pass the same checks and
+        # append to the same fragments, so the memo only skips the lookups
+        # (which, with thousands of keys interleaved, are mostly cache misses).
         # tests/test_decorated_events.py checks that it decides as the handlers.
         self._memo_rule: _Rule | None = None  # the delta's rule; None: no memo
         self._memo_id: str | None  # its id, None for an id-less chunk
@@ -226,7 +227,20 @@ class KeyEngine:
         if run is None:
             rule.outside_run(self, event_type, event)
         else:
-            self._apply(run, rule, event)
+            self._memo_rule = None  # the run changes: where a delta goes may change with it
+            try:
+                lanes = run.lanes
+                if lanes:
+                    if rule.lanes is _OWN_LANE:
+                        lane = event.get("subagentRunId")
+                        if lane in lanes:
+                            self._close_lane(run, lane)
+                    elif rule.lanes is _ALL_LANES:
+                        for lane in list(lanes):
+                            self._close_lane(run, lane)
+                rule.in_run(self, run, event)
+            except RunFailure as failure:
+                self._fail(failure.code, failure.reason)
         out = self._out
         return _step(event_type, out) if out else rule.quiet
 
@@ -277,22 +291,6 @@ class KeyEngine:
         return None if checked is REMOVE else checked
 
     # --- lifecycle ------------------------------------------------------------
-
-    def _apply(self, run: RunState, rule: _Rule, event: dict[str, Any]) -> None:
-        self._memo_rule = None  # the run changes: where a delta goes may change with it
-        try:
-            lanes = run.lanes
-            if lanes:
-                if rule.lanes is _OWN_LANE:
-                    lane = event.get("subagentRunId")
-                    if lane in lanes:
-                        self._close_lane(run, lane)
-                elif rule.lanes is _ALL_LANES:
-                    for lane in list(lanes):
-                        self._close_lane(run, lane)
-            rule.in_run(self, run, event)
-        except RunFailure as failure:
-            self._fail(failure.code, failure.reason)
 
     def _stray(self, event_type: str, event: dict[str, Any]) -> None:
         """A record that cannot open a run while none is active fails on its own."""
@@ -460,8 +458,11 @@ class KeyEngine:
                 return
             if pending is not None:
                 self._close_lane(run, tag)
-            self._chunk_open(run, kind, item_id, event)
+            fragments = self._chunk_open(run, kind, item_id, event)
             lanes[tag] = (kind, item_id)
+            if fragments is not None:
+                # Its lane's id-less chunks continue it: the usual next records.
+                self._remember(event["type"], None, tag, fragments)
             return
         if tag is not None:
             pending = lanes.get(tag)
@@ -486,7 +487,8 @@ class KeyEngine:
 
     def _chunk_open(
         self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
-    ) -> None:
+    ) -> Fragments | None:
+        """Expand an opening chunk; return the fragments its delta went to, if any."""
         start: dict[str, Any] = {}
         if "subagentRunId" in event:
             start["subagentRunId"] = event["subagentRunId"]
@@ -496,27 +498,23 @@ class KeyEngine:
         if kind is ChunkKind.REASONING:
             start["messageId"] = item_id
             self._reasoning_start(run, start)
-            if delta is not None:
-                self._append_text(run, item_id, delta, None)
-        elif kind is ChunkKind.TEXT:
+            return None if delta is None else self._append_text(run, item_id, delta, None)
+        if kind is ChunkKind.TEXT:
             start["messageId"] = item_id
             for key in ("role", "name"):
                 if key in event:
                     start[key] = event[key]
             self._text_start(run, start)
-            if delta is not None:
-                self._append_text(run, item_id, delta, None)
-        else:
-            if "toolCallName" not in event:
-                raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
-                                 "first tool call chunk carries no toolCallName")
-            start["toolCallId"] = item_id
-            start["toolCallName"] = event["toolCallName"]
-            if "parentMessageId" in event:
-                start["parentMessageId"] = event["parentMessageId"]
-            self._tool_start(run, start)
-            if delta is not None:
-                self._append_args(run, item_id, delta, None)
+            return None if delta is None else self._append_text(run, item_id, delta, None)
+        if "toolCallName" not in event:
+            raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
+                             "first tool call chunk carries no toolCallName")
+        start["toolCallId"] = item_id
+        start["toolCallName"] = event["toolCallName"]
+        if "parentMessageId" in event:
+            start["parentMessageId"] = event["parentMessageId"]
+        self._tool_start(run, start)
+        return None if delta is None else self._append_args(run, item_id, delta, None)
 
     def _chunk_continue(
         self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
@@ -607,10 +605,16 @@ class KeyEngine:
         else:
             fragments = self._append_text(run, item_id, delta, metadata)
         if fragments is not None and ns.delta_keys.issuperset(event):
-            self._memo_rule = _RULES[event["type"]]
-            self._memo_id = event.get(ns.id_key)
-            self._memo_tag = event.get("subagentRunId")
-            self._memo_fragments = fragments
+            self._remember(event["type"], event.get(ns.id_key), event.get("subagentRunId"),
+                           fragments)
+
+    def _remember(self, event_type: str, item_id: str | None, tag: str | None,
+                  fragments: Fragments) -> None:
+        """Set the delta memo: deltas of this type, id and tag go to these fragments."""
+        self._memo_rule = _RULES[event_type]
+        self._memo_id = item_id
+        self._memo_tag = tag
+        self._memo_fragments = fragments
 
     # --- reasoning and text messages -----------------------------------------------
 
@@ -847,7 +851,7 @@ class _Rule:
         # For a delta to items of `deltas`, what the delta memo needs: the clean
         # check narrowed to a delta that only appends, and the item's id field.
         self.repeat_check = never_clean if deltas is None else compile_clean_check(
-            self.model, deltas.delta_keys)
+            self.model, deltas.delta_keys, picked_by="type")
         self.delta_id_key = "" if deltas is None else deltas.id_key
 
 
