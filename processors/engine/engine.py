@@ -17,7 +17,7 @@ full walk of `check_model`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
+from enum import Enum, auto
 from typing import Any, Final
 
 import orjson
@@ -69,7 +69,8 @@ class RunFailure(Exception):
         self.reason = reason
 
 
-# Keys the engine never acts on once the event has passed its schema check.
+# Keys of a checked event that no handler reads: its type (dispatched on
+# already) and what servers add for their own use.
 _PASSIVE_KEYS: Final = frozenset({"type", "timestamp", "rawEvent"})
 
 
@@ -117,9 +118,9 @@ _TOOL: Final = ChunkKind.TOOL  # a module constant: enum attribute lookups are s
 class _Lanes(Enum):
     """Which pending chunk items an event closes before it applies (section 6)."""
 
-    KEPT = "none"  # it leaves every lane's item pending
-    OWN = "its own lane's"  # the lane of its subagentRunId
-    ALL = "every lane's"
+    KEPT = auto()  # none: every lane's item stays pending
+    OWN = auto()  # its own lane's, the lane of its subagentRunId
+    ALL = auto()  # every lane's
 
 
 _OWN_LANE: Final = _Lanes.OWN
@@ -199,6 +200,8 @@ class KeyEngine:
             event = _loads(raw)
         except orjson.JSONDecodeError:
             event = None
+        # A repeat of the last delta (see the delta memo) passes every step as
+        # that one did, and appends to the same fragments.
         memo = self._memo_rule  # set only while a run is active
         if (memo is not None and type(event) is dict and event.get("type") == memo.event_type
                 and memo.repeat_check(event) and event.get(memo.delta_id_key) == self._memo_id
