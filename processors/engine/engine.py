@@ -200,17 +200,17 @@ class KeyEngine:
             event = _loads(raw)
         except orjson.JSONDecodeError:
             event = None
+        event_type = event.get("type") if type(event) is dict else None
         # A repeat of the last delta (see the delta memo) passes every step as
         # that one did, and appends to the same fragments.
         memo = self._memo_rule  # set only while a run is active
-        if (memo is not None and type(event) is dict and event.get("type") == memo.event_type
-                and memo.repeat_check(event) and event.get(memo.delta_id_key) == self._memo_id
+        if (memo is not None and event_type == memo.event_type and memo.repeat_check(event)
+                and event.get(memo.delta_id_key) == self._memo_id
                 and event.get("subagentRunId") == self._memo_tag):
             delta = event.get("delta")
             if delta:
                 self._memo_fragments.append(delta)
             return memo.quiet
-        event_type = event.get("type") if type(event) is dict else None
         if type(event_type) is not str:
             return self._undecodable()
         rule = _RULES.get(event_type)
