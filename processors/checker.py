@@ -1,8 +1,8 @@
 """The offline checker: one run key's events from a JSON-lines file, judged.
 
-The same engine as the service. It streams: records are read one line at a
-time and each run's result is printed as soon as the run concludes, so memory
-follows the open run, not the file.
+The same engine as the service. It streams: records are judged as they
+arrive and each run's result is printed as soon as the run concludes, so
+memory follows the open run, not the file.
 """
 
 from __future__ import annotations
@@ -68,10 +68,13 @@ _READ_SIZE = 1 << 20
 def read_records(stream: BinaryIO) -> Iterator[bytes]:
     """Record values, one per line (the trailing newline is not part of a value).
 
-    Reads a megabyte at a time and splits it, rather than a line at a time.
+    Reads up to a megabyte at a time and splits it, rather than a line at a
+    time; `read1` returns what is there, so records from a pipe are not held
+    back until a megabyte has arrived.
     """
+    read = getattr(stream, "read1", stream.read)
     carried: list[bytes] = []  # the start of a line that continues in the next read
-    while chunk := stream.read(_READ_SIZE):
+    while chunk := read(_READ_SIZE):
         lines = chunk.split(b"\n")
         if len(lines) == 1:
             carried.append(chunk)

@@ -142,6 +142,9 @@ class SmallReads(io.BytesIO):
     def read(self, size: int | None = -1, /) -> bytes:
         return super().read(self.size)
 
+    def read1(self, size: int | None = -1, /) -> bytes:
+        return super().read1(self.size)
+
 
 @given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=8),
        st.booleans(), st.integers(1, 9))
