@@ -17,7 +17,8 @@ It then measures, best of R, on those records and on the same events without
 
 and reports the ratio. Finally it writes M events as sent (one key, many runs)
 to a JSON-lines file and times the whole `agui-stream check FILE --json`
-command against a child process that only decodes the same lines, and prints
+command (as `python -m processors.cli`, so that it runs this checkout's code)
+against a child process that only decodes the same lines, and prints
 the checker's peak RSS along the file (memory follows the open run, not the
 file).
 
@@ -47,6 +48,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.engine.engine import KeyEngine
+
+REPO = Path(__file__).resolve().parents[1]
 
 WORDS = (
     "the", "user", "asks", "about", "the", "weather", "so", "I", "should", "call", "the",
@@ -305,7 +308,7 @@ _BARE_DECODE = ("import sys, orjson\n"
 
 def _timed(command: list[str]) -> float:
     started = time.perf_counter()
-    subprocess.run(command, stdout=subprocess.DEVNULL, check=False)
+    subprocess.run(command, stdout=subprocess.DEVNULL, check=False, cwd=REPO)
     return time.perf_counter() - started
 
 
@@ -329,8 +332,10 @@ def file_check(events: int, seed: int, repeat: int) -> None:
     try:
         print(f"\nthe check command on a file: {written:,} events as sent ({size / 1e6:,.0f}"
               f" MB, {run:,} runs, one key), best of {repeat}")
-        cli = str(Path(sys.executable).with_name("agui-stream"))
-        command = min(_timed([cli, "check", path, "--json"]) for _ in range(repeat))
+        # `python -m` from this checkout: the installed `agui-stream` script may
+        # import another checkout's code (an editable install).
+        cli = [sys.executable, "-m", "processors.cli"]
+        command = min(_timed([*cli, "check", path, "--json"]) for _ in range(repeat))
         baseline = min(_timed([sys.executable, "-c", _BARE_DECODE, path])
                        for _ in range(repeat))
         print(f"  check --json : {written / command:>12,.0f} events/s ({command:.2f} s)")

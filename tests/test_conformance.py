@@ -7,12 +7,13 @@ always; the shared one, ../shared/conformance, when that directory exists
 as tests/conformance/README.md says: outcome and failure exactly, warnings and
 lostEncrypted as multisets, messages as JSON values in order, each message
 parsing with the ag-ui-protocol models. The in-repo corpus must cover every
-failure, warning and loss code the checker can produce. The console script is
-exercised on a few in-repo cases too.
+failure, warning and loss code the checker can produce. The command line is
+exercised on a few in-repo cases too, and the reading of records from a file.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -23,6 +24,8 @@ from typing import Any
 
 import pytest
 from ag_ui.core import Message
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from processors.checker import CheckTotals, check_records, read_records
@@ -31,7 +34,7 @@ from tests.corpora import EXTERNAL, EXTERNAL_SKIP_REASON, IN_REPO, Case, case_pa
 
 CASES = IN_REPO.cases_dir
 EXPECTED = IN_REPO.expected
-CLI = Path(sys.executable).with_name("agui-stream")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 MESSAGE = TypeAdapter(Message)
 README = (IN_REPO.root / "README.md").read_text(encoding="utf-8")
 
@@ -123,9 +126,34 @@ def test_expected_messages_parse_with_ag_ui(case: Case) -> None:
 
 
 def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    assert CLI.exists(), CLI
-    return subprocess.run([str(CLI), *args], input=stdin, capture_output=True, timeout=60,
-                          check=False)
+    # What the console script runs, from this checkout: the installed script
+    # may import another checkout's code (an editable install).
+    return subprocess.run([sys.executable, "-m", "processors.cli", *args], input=stdin,
+                          capture_output=True, timeout=60, check=False, cwd=REPO_ROOT)
+
+
+class SmallReads(io.BytesIO):
+    """A stream whose reads return at most `size` bytes, whatever is asked."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        super().__init__(data)
+        self.size = size
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        return super().read(self.size)
+
+    def read1(self, size: int | None = -1, /) -> bytes:
+        return super().read1(self.size)
+
+
+@given(st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=8),
+       st.booleans(), st.integers(1, 9))
+def test_read_records_splits_lines_across_reads(
+    lines: list[bytes], final_newline: bool, read_size: int
+) -> None:
+    data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
+    one_line_at_a_time = [line.removesuffix(b"\n") for line in io.BytesIO(data)]
+    assert list(read_records(SmallReads(data, read_size))) == one_line_at_a_time
 
 
 @pytest.mark.parametrize(

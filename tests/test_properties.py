@@ -842,35 +842,3 @@ def test_state_round_trip_junk(events: list[dict[str, Any]], data: st.DataObject
     prefix = [{"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"}]
     events = prefix + events
     _round_trip_equal(events, data.draw(st.integers(0, len(events))))
-
-
-# =====================================================================================
-# The engine's fast paths for bare records decide exactly as the general path
-# =====================================================================================
-
-
-def _with_timestamps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A timestamp on every event: a known optional field that forces the general path."""
-    return [{**e, "timestamp": 1700000000000} if type(e.get("timestamp", 0)) is int else e
-            for e in events]
-
-
-@SETTINGS
-@given(valid_keys(max_runs=2))
-def test_fast_path_matches_general_path_valid(key: Key) -> None:
-    assert feed_all(_with_timestamps(key.events)) == feed_all(key.events)
-
-
-@settings(deadline=None, max_examples=200)
-@given(st.lists(typed_junk(), max_size=12))
-def test_fast_path_matches_general_path_junk(events: list[dict[str, Any]]) -> None:
-    prefix = [
-        {"type": "RUN_STARTED", "threadId": "t1", "runId": "r1"},
-        {"type": "REASONING_MESSAGE_START", "messageId": "a", "role": "reasoning"},
-        {"type": "TEXT_MESSAGE_CHUNK", "messageId": "b", "delta": "x", "subagentRunId": "A"},
-        {"type": "TOOL_CALL_CHUNK", "toolCallId": "c1", "toolCallName": "f"},
-        {"type": "TOOL_CALL_START", "toolCallId": "m1", "toolCallName": "f",
-         "subagentRunId": "B"},
-    ]
-    events = [*prefix, *events]
-    assert feed_all(_with_timestamps(events)) == feed_all(events)

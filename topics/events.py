@@ -16,14 +16,18 @@ as a table of field specifications and one checker that walks an event once:
 
 Opaque positions (`metadata`, `rawEvent`, `state`, `result`, CUSTOM values,
 activity content, ...) are never looked inside. Checking mutates the decoded
-dict in place (stripping) and never copies it when nothing is stripped, which
-keeps the hot path (one small CONTENT event) cheap.
+dict in place (stripping) and never copies it when nothing is stripped.
+
+Most events on the wire are flat and clean: no unknown key, no null, no
+nested structure. For those, `CLEAN_CHECKS` holds one compiled expression per
+event type, built from the same table, that recognises them at a fraction of
+the walk's cost; everything it does not recognise takes `check_model`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final
 
 MAX_SAFE_INTEGER: Final = 2**53 - 1
@@ -135,7 +139,7 @@ def _one_of(*values: str) -> Callable[[Any], bool]:
 class Field:
     """One property: a scalar predicate or a nested checker (never both)."""
 
-    __slots__ = ("accepts", "check", "is_string", "nullable", "required", "what")
+    __slots__ = ("accepts", "check", "clean", "is_string", "nullable", "required", "what")
 
     def __init__(
         self,
@@ -144,6 +148,7 @@ class Field:
         accepts: Callable[[Any], bool] | None = None,
         check: Checker | None = None,
         nullable: bool = False,  # `null` is a value only where the field is opaque
+        clean: Callable[[Any], bool] | None = None,  # see below; only with `check`
     ) -> None:
         self.required = required
         self.what = what
@@ -151,6 +156,10 @@ class Field:
         self.check = check
         self.nullable = nullable
         self.is_string = accepts is _is_string  # the common case, checked inline
+        # The values the field's check returns as they are, with no findings: a
+        # scalar field's own predicate; for a nested field, the simple values it
+        # may take (None: every value needs the walk).
+        self.clean = accepts if check is None else clean
 
 
 class Model:
@@ -183,8 +192,10 @@ OPT_COUNT = _opt("a non-negative integer", _is_count)
 POINTER = _req("a JSON pointer", _is_json_pointer)
 
 
-def _nested(required: bool, what: str, check: Checker) -> Field:
-    return Field(required, what, check=check)
+def _nested(
+    required: bool, what: str, check: Checker, clean: Callable[[Any], bool] | None = None
+) -> Field:
+    return Field(required, what, check=check, clean=clean)
 
 
 def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> Any:
@@ -330,6 +341,91 @@ def _subtype(value: Any, pointer: str, findings: Findings) -> Any:
     return value
 
 
+# --- the clean check ------------------------------------------------------------
+
+CleanCheck = Callable[[dict[str, Any]], bool]
+
+# Predicates the compiled check spells out rather than calls, as source testing
+# the value whose source is given. A float safe integer passes the predicate but
+# not the inline test: valid, but rare on the wire, it takes the walk.
+_INLINE_TESTS: Final[dict[Callable[[Any], bool], Callable[[str], str]]] = {
+    _is_string: lambda value: f"type({value}) is str",
+    _is_object: lambda value: f"type({value}) is dict",
+    _is_boolean: lambda value: f"type({value}) is bool",
+    _is_safe_integer: lambda value: (f"(type(number := {value}) is int"
+                                     f" and {-MAX_SAFE_INTEGER} <= number <= {MAX_SAFE_INTEGER})"),
+    _is_count: lambda value: (f"(type(number := {value}) is int"
+                              f" and 0 <= number <= {MAX_SAFE_INTEGER})"),
+}
+
+
+def compile_clean_check(
+    model: Model, only: Collection[str] | None = None, picked_by: str | None = None
+) -> CleanCheck:
+    """Whether `check_model(model, event, ...)` would return the decoded event as
+    it is, with no findings, as one compiled boolean expression.
+
+    The expression is built from the model's fields: no key outside them, every
+    required field present, and each present field's value one its `clean`
+    predicate accepts (spelt out inline for the common predicates).
+    False only means "take the walk": a valid event with a nested structure or
+    a float timestamp is not clean here, and `check_model` gives the verdict.
+    Generated code runs about twice as fast as a loop over a table, and this
+    runs per record.
+
+    `only` narrows the clean events further to those whose keys are among
+    these fields (a subset of the model's). `picked_by` names the field the
+    caller chose the model by (an event's `type`), which is not looked at.
+    """
+    fields = {name: spec for name, spec in model.fields.items() if only is None or name in only}
+    namespace: dict[str, Any] = {"FIELDS": frozenset(fields)}
+    terms = [] if model.open and only is None else ["FIELDS.issuperset(event)"]
+    if any(spec.required and name not in fields for name, spec in model.fields.items()):
+        return never_clean
+    # Required fields first: a missing one ends the test soonest.
+    for name, spec in sorted(fields.items(), key=lambda field: not field[1].required):
+        if name == picked_by:
+            continue
+        key = repr(name)
+        if spec.clean is None:  # only the walk can judge a value here
+            if spec.required:
+                return never_clean
+            terms.append(f"{key} not in event")
+        elif spec.clean is _is_anything:
+            if spec.required:
+                terms.append(f"{key} in event")
+        elif spec.clean in _INLINE_TESTS:
+            test = _INLINE_TESTS[spec.clean]
+            terms.append(test(f"event.get({key})") if spec.required
+                         else f"({key} not in event or {test(f'event[{key}]')})")
+        else:
+            accepts = f"accepts_{name}"  # field names are identifiers
+            namespace[accepts] = spec.clean
+            terms.append(f"({key} in event and {accepts}(event[{key}]))" if spec.required
+                         else f"({key} not in event or {accepts}(event[{key}]))")
+    source = " and ".join(terms) or "True"
+    check: CleanCheck = eval(f"lambda event: {source}", namespace)
+    check.__name__ = check.__qualname__ = f"is_clean_{model.name}"
+    check.__doc__ = source  # what it tests, for a reader at the prompt
+    return check
+
+
+def never_clean(event: dict[str, Any]) -> bool:
+    """The clean check of a model whose events always need the walk."""
+    return False
+
+
+def clean_list_of(model: Model) -> Callable[[Any], bool]:
+    """The clean values of an array of `model` objects (its `list_checker`)."""
+    is_clean = compile_clean_check(model)
+
+    def accepts(value: Any) -> bool:
+        return type(value) is list and all(type(item) is dict and is_clean(item)
+                                           for item in value)
+
+    return accepts
+
+
 # --- the AG-UI 1.0 shapes -----------------------------------------------------
 
 _SOURCE = union_checker(
@@ -373,7 +469,8 @@ _CONTENT_PART = union_checker(
 )
 _CONTENT_PARTS = list_checker(_CONTENT_PART)
 _TEXT_OR_PARTS = _nested(
-    True, "a string or an array of parts", string_or(_CONTENT_PARTS, "a string or parts")
+    True, "a string or an array of parts", string_or(_CONTENT_PARTS, "a string or parts"),
+    clean=_is_string,
 )
 
 _FUNCTION_CALL = Model("FunctionCall", {"name": STRING, "arguments": STRING})
@@ -464,7 +561,8 @@ _TOKEN_USAGE = Model(
         "cacheWriteInputTokens": OPT_COUNT,
     },
 )
-_USAGE = _nested(False, "an array of token usage", list_checker(model_checker(_TOKEN_USAGE)))
+_USAGE = _nested(False, "an array of token usage", list_checker(model_checker(_TOKEN_USAGE)),
+                 clean=clean_list_of(_TOKEN_USAGE))
 
 _INTERRUPT = Model(
     "Interrupt",
@@ -653,7 +751,8 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "REASONING_END": _event("ReasoningEndEvent", _ATTRIBUTABLE, messageId=STRING),
     "REASONING_ENCRYPTED_VALUE": _event(
         "ReasoningEncryptedValueEvent", _ATTRIBUTABLE,
-        subtype=_nested(True, "a string", _subtype), entityId=STRING, encryptedValue=STRING,
+        subtype=_nested(True, "a string", _subtype, clean=_one_of(*ENCRYPTED_VALUE_SUBTYPES)),
+        entityId=STRING, encryptedValue=STRING,
     ),
     "SUBAGENT_STARTED": _event(
         "SubagentStartedEvent", _BASE, subagentRunId=STRING, name=STRING,
@@ -669,6 +768,13 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     ),
 }
 assert set(EVENT_MODELS) == EVENT_TYPES
+
+
+# Per event type, its compiled clean check.
+CLEAN_CHECKS: Final = {
+    event_type: compile_clean_check(model, picked_by="type")
+    for event_type, model in EVENT_MODELS.items()
+}
 
 
 _VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")

@@ -25,7 +25,7 @@ class ContentStore(Protocol):
 
     def fragments(self, slot: int) -> Fragments:
         """Where `slot`'s next fragments go. The engine keeps it while the key's
-        records are bare deltas to this slot, and drops it at any other record."""
+        records are deltas to this slot, and drops it at any other record."""
 
     def texts(self) -> dict[int, str]:
         """Each slot's fragments concatenated in order."""

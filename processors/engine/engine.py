@@ -4,11 +4,20 @@ Sans-IO and deterministic: no Kafka, no clock, no logging. The caller feeds
 the record values of one key in offset order and acts on the decisions
 (`processors.engine.decisions`); the same engine serves the stream processor,
 the offline checker and the tests.
+
+Every record takes one path, the steps of rule book section 2 in order, driven
+by two tables: `_RULES` (per event type: its schema check, what it does inside
+and outside a run, which chunk lanes it closes) and `_NAMESPACES` (per kind of
+open item: its id field, failure codes, owners). The schema step costs one
+compiled expression for the flat events agent servers send, whatever optional
+fields they carry (`topics.events.CLEAN_CHECKS`); only other events take the
+full walk of `check_model`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum, auto
 from typing import Any, Final
 
 import orjson
@@ -28,6 +37,7 @@ from processors.engine.decisions import (
 )
 from processors.engine.jsonpatch import apply_patch
 from processors.engine.state import (
+    NAMESPACES,
     ChunkKind,
     KeyState,
     MessageRecord,
@@ -36,13 +46,16 @@ from processors.engine.state import (
     ToolCallRecord,
 )
 from topics.events import (
-    ENCRYPTED_VALUE_SUBTYPES,
+    CLEAN_CHECKS,
     EVENT_MODELS,
     REMOVE,
-    TEXT_MESSAGE_ROLES,
+    CleanCheck,
     Findings,
     Malformed,
+    Model,
     check_model,
+    compile_clean_check,
+    never_clean,
     protocol_version_is_foreign,
 )
 
@@ -56,75 +69,63 @@ class RunFailure(Exception):
         self.reason = reason
 
 
-# Events that leave a pending chunk item open (reasoning.md section 4, chunks).
-_KEEPS_CHUNK_OPEN: Final = frozenset(
-    {"REASONING_ENCRYPTED_VALUE", "RAW", "ACTIVITY_SNAPSHOT", "ACTIVITY_DELTA", "SUBAGENT_STARTED"}
-)
-# Events that close every lane before they apply.
-_CLOSES_ALL_LANES: Final = frozenset(
-    {"RUN_STARTED", "RUN_FINISHED", "RUN_ERROR", "MESSAGES_SNAPSHOT"}
-)
-_CHUNK_KINDS: Final = {
-    "REASONING_MESSAGE_CHUNK": ChunkKind.REASONING,
-    "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
-    "TOOL_CALL_CHUNK": ChunkKind.TOOL,
-}
-_NOT_OPEN_CODE: Final = {
-    "span": FailureCode.SPAN_NOT_OPEN,
-    "reasoning": FailureCode.MESSAGE_NOT_OPEN,
-    "text": FailureCode.MESSAGE_NOT_OPEN,
-    "tool": FailureCode.TOOL_CALL_NOT_OPEN,
-    "step": FailureCode.STEP_NOT_OPEN,
-    "subagent": FailureCode.SUBAGENT_NOT_OPEN,
-}
-_ALREADY_OPEN_CODE: Final = {
-    "span": FailureCode.SPAN_ALREADY_OPEN,
-    "reasoning": FailureCode.MESSAGE_ALREADY_OPEN,
-    "text": FailureCode.MESSAGE_ALREADY_OPEN,
-    "tool": FailureCode.TOOL_CALL_ALREADY_OPEN,
-    "step": FailureCode.STEP_ALREADY_OPEN,
-    "subagent": FailureCode.SUBAGENT_ALREADY_OPEN,
-}
-_KIND_NAMES: Final = {
-    "span": "reasoning span",
-    "reasoning": "reasoning message",
-    "text": "text message",
-    "tool": "tool call",
-    "step": "step",
-    "subagent": "subagent",
-}
-# Bare deltas taken by `KeyEngine._took_bare_delta` (one lookup per record):
-# (id key, namespace) of an explicit continuation, or the kind of a chunk
-# continuing its lane.
-_FAST_DELTAS: Final[dict[str, tuple[str, str] | ChunkKind]] = {
-    "REASONING_MESSAGE_CONTENT": ("messageId", "reasoning"),
-    "TEXT_MESSAGE_CONTENT": ("messageId", "text"),
-    "TOOL_CALL_ARGS": ("toolCallId", "tool"),
-    "REASONING_MESSAGE_CHUNK": ChunkKind.REASONING,
-    "TEXT_MESSAGE_CHUNK": ChunkKind.TEXT,
-    "TOOL_CALL_CHUNK": ChunkKind.TOOL,
-}
-# Bare boundaries taken by `KeyEngine._took_bare_boundary`: the id key and
-# namespace of `{type, id}`, and whether it opens (a span, a step) or closes.
-_FAST_BOUNDARIES: Final = {
-    "REASONING_START": ("messageId", "span", True),
-    "STEP_STARTED": ("stepName", "step", True),
-    "REASONING_END": ("messageId", "span", False),
-    "REASONING_MESSAGE_END": ("messageId", "reasoning", False),
-    "TEXT_MESSAGE_END": ("messageId", "text", False),
-    "TOOL_CALL_END": ("toolCallId", "tool", False),
-    "STEP_FINISHED": ("stepName", "step", False),
-}
-# Bare message starts taken by `KeyEngine._took_bare_start`: the message's
-# namespace, the record's one key besides type and messageId, and the values
-# that key may take (None: any string).
-_FAST_STARTS: Final[dict[str, tuple[str, str, frozenset[str] | None]]] = {
-    "REASONING_MESSAGE_START": ("reasoning", "role", frozenset({"reasoning"})),
-    "TEXT_MESSAGE_START": ("text", "role", TEXT_MESSAGE_ROLES),
-    "REASONING_MESSAGE_CHUNK": ("reasoning", "delta", None),
-    "TEXT_MESSAGE_CHUNK": ("text", "delta", None),
-}
+# Keys of a checked event that no handler reads: its type (dispatched on
+# already) and what servers add for their own use.
+_PASSIVE_KEYS: Final = frozenset({"type", "timestamp", "rawEvent"})
+
+
+class _Namespace:
+    """One set of ids open at the same time (rule book section 1)."""
+
+    __slots__ = ("already_open", "delta_keys", "id_key", "name", "not_open", "noun", "owned",
+                 "streams")
+
+    def __init__(self, name: str, id_key: str, noun: str, already_open: FailureCode,
+                 not_open: FailureCode, streams: bool) -> None:
+        self.name = name  # its key in RunState.open (and RunState.owners)
+        self.id_key = id_key  # the field that names an item
+        self.noun = noun  # how reasons name an item
+        self.already_open = already_open
+        self.not_open = not_open
+        # Items keep the subagentRunId that first opened them (section 8).
+        self.owned = name in NAMESPACES
+        # Items are history (messages, tool calls): they take deltas and metadata.
+        self.streams = streams
+        # The keys of a delta that only appends (see the delta memo in KeyEngine).
+        self.delta_keys = _PASSIVE_KEYS | {id_key, "subagentRunId", "delta"}
+
+
+_SPANS: Final = _Namespace("span", "messageId", "reasoning span",
+                           FailureCode.SPAN_ALREADY_OPEN, FailureCode.SPAN_NOT_OPEN, False)
+_REASONING: Final = _Namespace("reasoning", "messageId", "reasoning message",
+                               FailureCode.MESSAGE_ALREADY_OPEN, FailureCode.MESSAGE_NOT_OPEN, True)
+_TEXT: Final = _Namespace("text", "messageId", "text message",
+                          FailureCode.MESSAGE_ALREADY_OPEN, FailureCode.MESSAGE_NOT_OPEN, True)
+_TOOL_CALLS: Final = _Namespace("tool", "toolCallId", "tool call",
+                                FailureCode.TOOL_CALL_ALREADY_OPEN, FailureCode.TOOL_CALL_NOT_OPEN,
+                                True)
+_STEPS: Final = _Namespace("step", "stepName", "step",
+                           FailureCode.STEP_ALREADY_OPEN, FailureCode.STEP_NOT_OPEN, False)
+_SUBAGENTS: Final = _Namespace("subagent", "subagentRunId", "subagent",
+                               FailureCode.SUBAGENT_ALREADY_OPEN, FailureCode.SUBAGENT_NOT_OPEN,
+                               False)
+# By name; a ChunkKind finds its namespace here too (its value is the name).
+_NAMESPACES: Final = {ns.name: ns for ns in (_SPANS, _REASONING, _TEXT, _TOOL_CALLS, _STEPS,
+                                             _SUBAGENTS)}
 _TOOL: Final = ChunkKind.TOOL  # a module constant: enum attribute lookups are slow
+
+
+class _Lanes(Enum):
+    """Which pending chunk items an event closes before it applies (section 6)."""
+
+    KEPT = auto()  # none: every lane's item stays pending
+    OWN = auto()  # its own lane's, the lane of its subagentRunId
+    ALL = auto()  # every lane's
+
+
+_OWN_LANE: Final = _Lanes.OWN
+_ALL_LANES: Final = _Lanes.ALL
+
 # A record that decided nothing gets a shared, immutable Step.
 _QUIET_STEPS: Final = {
     event_type: Step(event_type, ())
@@ -148,10 +149,11 @@ def _step(event_type: str, out: list[Decision]) -> Step:
 
 _ABSENT: Final = object()
 _FAILED: Final = Phase.FAILED
+_loads: Final = orjson.loads
 
 
-def _describe(namespace: str, item_id: str) -> str:
-    return f"{_KIND_NAMES[namespace]} {item_id!r}"
+def _describe(ns: _Namespace, item_id: str) -> str:
+    return f"{ns.noun} {item_id!r}"
 
 
 class KeyEngine:
@@ -163,218 +165,87 @@ class KeyEngine:
 
     # Slots keep the attributes inside the object: one cache line less to
     # fetch per record when a service interleaves thousands of keys.
-    __slots__ = ("_findings", "_hot_field", "_hot_fragments", "_hot_id", "_hot_kind", "_hot_size",
-                 "_out", "content", "state")
+    __slots__ = ("_findings", "_memo_fragments", "_memo_id", "_memo_rule", "_memo_tag", "_out",
+                 "content", "state")
 
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []  # the current record's decisions; `_step` empties it
         self._findings = Findings()
-        # The hot slot: after a bare delta, where the same bare delta goes next
-        # (its _FAST_DELTAS entry, record size, id field and value, fragments),
-        # so that a key streaming into one message touches only this object
-        # and the fragments. Any other record drops it (`_hot_kind = None`);
-        # the other `_hot_*` are set whenever `_hot_kind` is.
-        self._hot_kind: tuple[str, str] | ChunkKind | None = None
-        self._hot_size: int
-        self._hot_field: str | None
-        self._hot_id: str | None
-        self._hot_fragments: Fragments
+        # The delta memo: where the key's next delta goes, if it is the same as
+        # the last one. Set by a CONTENT/ARGS, or a chunk continuing an item,
+        # that did nothing but append (its keys within its namespace's
+        # `delta_keys`: no metadata, role, name, tool name or parent), and by an
+        # opening chunk with a delta, for the id-less chunks of its lane that
+        # continue it; dropped as soon as anything else is applied to the run.
+        # Until then, a clean event of that type, id and tag that only appends
+        # meets the same run state: its handler would pass the same checks and
+        # append to the same fragments, so the memo only skips the lookups
+        # (which, with thousands of keys interleaved, are mostly cache misses).
+        # tests/test_decorated_events.py checks that it decides as the handlers.
+        self._memo_rule: _Rule | None = None  # the delta's rule; None: no memo
+        self._memo_id: str | None  # its id, None for an id-less chunk
+        self._memo_tag: str | None  # its subagentRunId
+        self._memo_fragments: Fragments
 
     # --- entry points ---------------------------------------------------------
 
     def feed(self, raw: bytes | str) -> Step:
-        """Apply the next record value of the key; return what it decided."""
+        """Apply the next record value of the key; return what it decided.
+
+        The steps of rule book section 2, in order.
+        """
         try:
-            event = orjson.loads(raw)
+            event = _loads(raw)
         except orjson.JSONDecodeError:
             event = None
         event_type = event.get("type") if type(event) is dict else None
+        # A repeat of the last delta (see the delta memo) passes every step as
+        # that one did, and appends to the same fragments.
+        memo = self._memo_rule  # set only while a run is active
+        if (memo is not None and event_type == memo.event_type and memo.repeat_check(event)
+                and event.get(memo.delta_id_key) == self._memo_id
+                and event.get("subagentRunId") == self._memo_tag):
+            delta = event.get("delta")
+            if delta:
+                self._memo_fragments.append(delta)
+            return memo.quiet
         if type(event_type) is not str:
-            self._undecodable()
-            return _step("undecodable", self._out)
-        fast = _FAST_DELTAS.get(event_type)
-        hot = self._hot_kind
-        if hot is not None:
-            # The same bare delta as the key's last record, to the same item:
-            # nothing else was applied since, so it cannot fail or close anything.
-            if fast is hot and len(event) == self._hot_size:
-                field = self._hot_field
-                delta = event.get("delta")
-                if type(delta) is str and (field is None or event.get(field) == self._hot_id):
-                    if delta:
-                        self._hot_fragments.append(delta)
-                    return _QUIET_STEPS[event_type]
-            self._hot_kind = None
+            return self._undecodable()
+        rule = _RULES.get(event_type)
         run = self.state.run
-        if run is not None:
-            if fast is not None and self._took_bare_delta(run, fast, event):
-                return _QUIET_STEPS[event_type]
-            path = _FAST_PATHS.get(event_type)
-            if path is not None and path(self, run, event_type, event):
-                return _QUIET_STEPS[event_type]
-        out = self._out
-        model = EVENT_MODELS.get(event_type)
-        if self.state.phase is _FAILED and event_type != "RUN_STARTED":
-            out.append(Discarded())
-            return _step("unknown" if model is None else event_type, out)
-        if model is None:
+        if run is None and self.state.phase is _FAILED and event_type != "RUN_STARTED":
+            self._out.append(Discarded())
+            return _step("unknown" if rule is None else event_type, self._out)
+        if rule is None:
             self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
                        "event type is not an AG-UI 1.0 type; the event was dropped")
-            return _step("unknown", out)
-        findings = self._findings
-        try:
-            checked = check_model(model, event, "", findings)
-        except Malformed as error:
-            findings.clear()
-            self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
-            return _step(event_type, out)
-        if checked is REMOVE:
-            checked = None  # an unknown union member in a required position
-        if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
-            unknown_subtype = findings.unknown_subtype
-            self._warn_stripped(event_type, findings)
-            findings.clear()
-            if unknown_subtype and checked is not None:
-                self._warn(WarningCode.UNKNOWN_SUBTYPE,
-                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
-                           " the event was dropped")
-                out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
-                return _step(event_type, out)
-        if checked is not None:
-            self._apply(run, event_type, checked)
-        return _step(event_type, out)
-
-    def _took_bare_delta(
-        self, run: RunState, fast: tuple[str, str] | ChunkKind, event: dict[str, Any]
-    ) -> bool:
-        """The fast path for the commonest record, a bare delta to an open item.
-
-        Takes only shapes the schema check would pass untouched (no unknown,
-        null or other optional key) and that can neither close a chunk lane
-        nor fail: `{type, messageId|toolCallId, delta}` CONTENT/ARGS for an
-        open item while the parent lane has no pending chunk item, and
-        `{type, delta[, subagentRunId]}` CHUNK continuing its lane's pending
-        item of that kind. Anything else takes the general path, which
-        decides the same way (tests/test_properties.py proves it).
-        """
-        if isinstance(fast, tuple):
-            if len(event) != 3:
-                return False
-            id_key, namespace = fast
-            item_id = event.get(id_key)
-            delta = event.get("delta")
-            if (type(delta) is not str or type(item_id) is not str
-                    or item_id not in run.open[namespace] or None in run.lanes):
-                return False
-            kind = _TOOL if namespace == "tool" else None
-            id_field: str | None = id_key
-            hot_id: str | None = item_id
+            return _step("unknown", self._out)
+        if not rule.is_clean(event):
+            checked = self._checked(event_type, rule.model, event)
+            if checked is None:
+                return _step(event_type, self._out)
+            event = checked
+        if run is None:
+            rule.outside_run(self, event_type, event)
         else:
-            kind = fast
-            delta = event.get("delta")
-            if type(delta) is not str:
-                return False
-            size = len(event)
-            if size == 2:
-                id_field = hot_id = None
-                pending = run.lanes.get(None)
-            elif size == 3:
-                tag = event.get("subagentRunId")
-                pending = run.lanes.get(tag) if type(tag) is str else None
-                id_field, hot_id = "subagentRunId", tag
-            else:
-                return False
-            if pending is None or pending[0] is not kind or pending[1] not in run.open[kind]:
-                return False
-            item_id = pending[1]
-        if kind is _TOOL:
-            call = self._tool_call(run, item_id)
-            if call is None or (not delta and call.args_slot is None):
-                return True  # nothing to keep (as `_append_args`)
-            fragments = self.content.fragments(_args_slot(run, call))
-        else:
-            record = run.messages[item_id]
-            if not delta and record.content_slot is None:
-                return True
-            fragments = self.content.fragments(_text_slot(run, record))
-        if delta:
-            fragments.append(delta)
-        self._hot_kind = fast
-        self._hot_size = len(event)
-        self._hot_field = id_field
-        self._hot_id = hot_id
-        self._hot_fragments = fragments
-        return True
-
-    def _took_bare_boundary(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
-        """The fast path for a bare `{type, id}` start of a span or step, or end of an item.
-
-        Takes it only when it cannot fail: a start of an id not open, an end
-        of an open one, after closing the parent lane's pending chunk item as
-        the general path does first (only when that item is open and is not
-        the id itself). Anything else takes the general path, which decides
-        the same way (tests/test_properties.py proves it).
-        """
-        id_key, namespace, opens = _FAST_BOUNDARIES[event_type]
-        item_id = event.get(id_key)
-        if len(event) != 2 or type(item_id) is not str:
-            return False
-        opened = run.open[namespace]
-        pending = run.lanes.get(None)
-        if pending is not None:
-            kind, pending_id = pending
-            pending_open = run.open["tool" if kind is _TOOL else kind.value]
-            if pending_id not in pending_open or (pending_open is opened and pending_id == item_id):
-                return False
-        if (item_id in opened) is opens:
-            return False
-        if pending is not None:
-            del run.lanes[None]
-            del pending_open[pending_id]  # the synthesized END of the pending item
-        if opens:
-            self._open(run, namespace, item_id, None)
-        else:
-            del opened[item_id]
-        return True
-
-    def _took_bare_start(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
-        """The fast path for a bare start of a message: a START with a role, or the
-        first CHUNK of the parent lane with a delta (`{type, messageId, role|delta}`).
-
-        Taken only when the message is not open, the parent lane has no
-        pending chunk item and no lane has it pending, so the start can
-        neither fail nor close anything; the general handler then applies it.
-        """
-        namespace, key, accepted = _FAST_STARTS[event_type]
-        message_id = event.get("messageId")
-        value = event.get(key)
-        if (len(event) != 3 or type(message_id) is not str or type(value) is not str
-                or (accepted is not None and value not in accepted)
-                or message_id in run.open[namespace] or None in run.lanes):
-            return False
-        kind = _CHUNK_KINDS.get(event_type)
-        if kind is None:
-            _HANDLERS[event_type](self, run, event)
-        elif (kind, message_id) in run.lanes.values():
-            return False
-        else:
-            self._chunk(run, kind, event)
-        return True
-
-    def _took_bare_encrypted(self, run: RunState, event_type: str, event: dict[str, Any]) -> bool:
-        """The fast path for `{type, subtype, entityId, encryptedValue}` naming a held entity.
-
-        REASONING_ENCRYPTED_VALUE leaves chunk lanes open, so holding the
-        value is all it does; an unknown subtype or entity takes the general
-        path, which warns.
-        """
-        subtype = event.get("subtype")
-        return (len(event) == 4 and type(subtype) is str and subtype in ENCRYPTED_VALUE_SUBTYPES
-                and type(event.get("entityId")) is str
-                and type(event.get("encryptedValue")) is str
-                and self._held_encrypted(run, event))
+            self._memo_rule = None  # the run changes: where a delta goes may change with it
+            try:
+                lanes = run.lanes
+                if lanes:
+                    if rule.lanes is _OWN_LANE:
+                        lane = event.get("subagentRunId")
+                        if lane in lanes:
+                            self._close_lane(run, lane)
+                    elif rule.lanes is _ALL_LANES:
+                        for lane in list(lanes):
+                            self._close_lane(run, lane)
+                rule.in_run(self, run, event)
+            except RunFailure as failure:
+                self._fail(failure.code, failure.reason)
+        out = self._out
+        return _step(event_type, out) if out else rule.quiet
 
     def abandon(self) -> Step:
         """The caller's idle timeout expired: the active run fails `run_abandoned`."""
@@ -385,57 +256,59 @@ class KeyEngine:
                        loss=LossReason.RUN_ABANDONED)
         return _step("abandoned", out)
 
+    # --- decoding and schema ----------------------------------------------------
+
+    def _undecodable(self) -> Step:
+        if self.state.phase is _FAILED:
+            self._out.append(Discarded())
+        else:
+            self._fail(FailureCode.UNDECODABLE_RECORD,
+                       "record value is not a JSON object with a string type")
+        return _step("undecodable", self._out)
+
+    def _checked(self, event_type: str, model: Model, event: dict[str, Any]
+                 ) -> dict[str, Any] | None:
+        """The full schema check of an event that is not clean (section 2, steps 4-5).
+
+        Returns the event as stripped, or None when the record is decided here:
+        malformed, or removed as a whole.
+        """
+        findings = self._findings
+        try:
+            checked = check_model(model, event, "", findings)
+        except Malformed as error:
+            findings.clear()
+            self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
+            return None
+        if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
+            unknown_subtype = findings.unknown_subtype
+            self._warn_stripped(event_type, findings)
+            findings.clear()
+            if unknown_subtype and checked is not REMOVE:
+                self._warn(WarningCode.UNKNOWN_SUBTYPE,
+                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
+                           " the event was dropped")
+                self._out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
+                return None
+        # REMOVE: an unknown union member in a required position takes the event with it.
+        return None if checked is REMOVE else checked
+
     # --- lifecycle ------------------------------------------------------------
 
-    def _apply(self, run: RunState | None, event_type: str, event: dict[str, Any]) -> None:
-        if run is None:
-            self._outside_run(event_type, event)
-            return
-        try:
-            chunk_kind = _CHUNK_KINDS.get(event_type)
-            if chunk_kind is not None:
-                self._chunk(run, chunk_kind, event)
-                return
-            if event_type in _CLOSES_ALL_LANES:
-                if event_type == "RUN_STARTED":
-                    raise RunFailure(FailureCode.RUN_ALREADY_ACTIVE,
-                                     f"RUN_STARTED while run {run.run_id!r} is active")
-                for lane in list(run.lanes):
-                    self._close_lane(run, lane)
-                if event_type == "RUN_FINISHED":
-                    self._run_finished(run, event)
-                    return
-                if event_type == "RUN_ERROR":
-                    self._run_error(run, event)
-                    return
-            elif event_type not in _KEEPS_CHUNK_OPEN and run.lanes:
-                lane = event.get("subagentRunId")
-                if lane in run.lanes:
-                    self._close_lane(run, lane)
-            _HANDLERS[event_type](self, run, event)
-        except RunFailure as failure:
-            self._fail(failure.code, failure.reason)
-
-    def _outside_run(self, event_type: str, event: dict[str, Any]) -> None:
+    def _stray(self, event_type: str, event: dict[str, Any]) -> None:
+        """A record that cannot open a run while none is active fails on its own."""
         phase = self.state.phase
-        if event_type == "RUN_STARTED":
-            self._start_run(event)
-        elif event_type == "RUN_ERROR" and phase is Phase.FRESH:
-            # A RUN_ERROR as the key's first event is a run of its own.
-            self._conclude(Outcome.ERROR, None, [], event.get("usage"), _error_of(event))
-            self.state.phase = Phase.ERRORED
-        elif event_type == "RUN_ERROR" and phase is Phase.FINISHED:
-            self.state.phase = Phase.ERRORED  # a late RUN_ERROR is accepted silently
-        elif phase is Phase.FRESH:
+        if phase is Phase.FRESH:
             self._fail(FailureCode.RUN_NOT_STARTED,
                        f"{event_type} before any RUN_STARTED on this key")
         else:
+            may_follow = ("RUN_STARTED or a late RUN_ERROR" if phase is Phase.FINISHED
+                          else "RUN_STARTED")
             self._fail(FailureCode.RUN_ALREADY_ENDED,
-                       f"{event_type} after the run ended ({phase.value}); only RUN_STARTED"
-                       + (" or a late RUN_ERROR" if phase is Phase.FINISHED else "")
-                       + " may follow")
+                       f"{event_type} after the run ended ({phase.value}); only {may_follow}"
+                       " may follow")
 
-    def _start_run(self, event: dict[str, Any]) -> None:
+    def _start_run(self, event_type: str, event: dict[str, Any]) -> None:
         run = RunState(event["threadId"], event["runId"])
         version = event.get("protocolVersion")
         self.state.run = run
@@ -444,6 +317,21 @@ class KeyEngine:
             self._warn(WarningCode.PROTOCOL_VERSION,
                        "RUN_STARTED.protocolVersion is newer than 1.0 or not MAJOR.MINOR;"
                        " proceeding as 1.0")
+
+    def _run_already_active(self, run: RunState, event: dict[str, Any]) -> None:
+        raise RunFailure(FailureCode.RUN_ALREADY_ACTIVE,
+                         f"RUN_STARTED while run {run.run_id!r} is active")
+
+    def _run_error_outside_run(self, event_type: str, event: dict[str, Any]) -> None:
+        phase = self.state.phase
+        if phase is Phase.FRESH:
+            # A RUN_ERROR as the key's first event is a run of its own.
+            self._conclude(Outcome.ERROR, None, [], event.get("usage"), _error_of(event))
+            self.state.phase = Phase.ERRORED
+        elif phase is Phase.FINISHED:
+            self.state.phase = Phase.ERRORED  # a late RUN_ERROR is accepted silently
+        else:
+            self._stray(event_type, event)
 
     def _run_finished(self, run: RunState, event: dict[str, Any]) -> None:
         if event["threadId"] != run.thread_id or event["runId"] != run.run_id:
@@ -454,8 +342,8 @@ class KeyEngine:
             )
         if any(run.open.values()):
             still_open = [
-                _describe(namespace, item_id)
-                for namespace, ids in run.open.items()
+                _describe(_NAMESPACES[name], item_id)
+                for name, ids in run.open.items()
                 for item_id in ids
             ]
             raise RunFailure(FailureCode.OPEN_AT_FINISH,
@@ -465,17 +353,17 @@ class KeyEngine:
 
     def _run_error(self, run: RunState, event: dict[str, Any]) -> None:
         discarded_values = 0
-        for namespace in ("reasoning", "text"):
-            for message_id in run.open[namespace]:
+        for ns in (_REASONING, _TEXT):
+            for message_id in run.open[ns.name]:
                 record = run.messages.pop(message_id, None)
                 if record is None:
                     continue
                 run.order.remove(message_id)
                 discarded_values += _values_on(record)
                 self._warn(WarningCode.INCOMPLETE_AT_ERROR,
-                           f"{_describe(namespace, message_id)} was open at RUN_ERROR;"
+                           f"{_describe(ns, message_id)} was open at RUN_ERROR;"
                            " it was discarded")
-        for call_id in run.open["tool"]:
+        for call_id in run.open[_TOOL_CALLS.name]:
             host = run.messages.get(run.tool_index.get(call_id, ""))
             if host is None or host.tool_calls is None:
                 continue  # went with a discarded message
@@ -483,7 +371,8 @@ class KeyEngine:
             host.tool_calls.remove(call)
             discarded_values += call.encrypted_value is not None
             self._warn(WarningCode.INCOMPLETE_AT_ERROR,
-                       f"{_describe('tool', call_id)} was open at RUN_ERROR; it was discarded")
+                       f"{_describe(_TOOL_CALLS, call_id)} was open at RUN_ERROR;"
+                       " it was discarded")
             if not host.tool_calls and not (host.content_base or host.content_slot is not None):
                 run.messages.pop(host.id)
                 run.order.remove(host.id)
@@ -515,7 +404,7 @@ class KeyEngine:
         if run is not None:
             self.content.clear()
         self.state.run = None
-        self._hot_kind = None
+        self._memo_rule = None
 
     def _fail(self, code: FailureCode, reason: str,
               loss: LossReason = LossReason.RUN_FAILED) -> None:
@@ -526,13 +415,6 @@ class KeyEngine:
         self._out.append(Failed(code, reason, identity))  # the concluding decision comes last
         self._end_run()
         self.state.phase = Phase.FAILED
-
-    def _undecodable(self) -> None:
-        if self.state.phase is Phase.FAILED:
-            self._out.append(Discarded())
-            return
-        self._fail(FailureCode.UNDECODABLE_RECORD,
-                   "record value is not a JSON object with a string type")
 
     # --- warnings ---------------------------------------------------------------
 
@@ -561,7 +443,7 @@ class KeyEngine:
     # --- chunks -------------------------------------------------------------------
 
     def _chunk(self, run: RunState, kind: ChunkKind, event: dict[str, Any]) -> None:
-        id_key = "toolCallId" if kind is ChunkKind.TOOL else "messageId"
+        id_key = _NAMESPACES[kind].id_key
         item_id = event.get(id_key)
         tag = event.get("subagentRunId")
         lanes = run.lanes
@@ -579,8 +461,11 @@ class KeyEngine:
                 return
             if pending is not None:
                 self._close_lane(run, tag)
-            self._chunk_open(run, kind, item_id, event)
+            fragments = self._chunk_open(run, kind, item_id, event)
             lanes[tag] = (kind, item_id)
+            if fragments is not None:
+                # Its lane's id-less chunks continue it: the usual next records.
+                self._remember(event["type"], None, tag, fragments)
             return
         if tag is not None:
             pending = lanes.get(tag)
@@ -605,7 +490,8 @@ class KeyEngine:
 
     def _chunk_open(
         self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
-    ) -> None:
+    ) -> Fragments | None:
+        """Expand an opening chunk; return the fragments its delta went to, if any."""
         start: dict[str, Any] = {}
         if "subagentRunId" in event:
             start["subagentRunId"] = event["subagentRunId"]
@@ -615,46 +501,38 @@ class KeyEngine:
         if kind is ChunkKind.REASONING:
             start["messageId"] = item_id
             self._reasoning_start(run, start)
-            if delta is not None:
-                self._append_message(run, item_id, delta, None)
-        elif kind is ChunkKind.TEXT:
+            return None if delta is None else self._append_text(run, item_id, delta, None)
+        if kind is ChunkKind.TEXT:
             start["messageId"] = item_id
             for key in ("role", "name"):
                 if key in event:
                     start[key] = event[key]
             self._text_start(run, start)
-            if delta is not None:
-                self._append_message(run, item_id, delta, None)
-        else:
-            if "toolCallName" not in event:
-                raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
-                                 "first tool call chunk carries no toolCallName")
-            start["toolCallId"] = item_id
-            start["toolCallName"] = event["toolCallName"]
-            if "parentMessageId" in event:
-                start["parentMessageId"] = event["parentMessageId"]
-            self._tool_start(run, start)
-            if delta is not None:
-                self._append_args(run, item_id, delta, None)
+            return None if delta is None else self._append_text(run, item_id, delta, None)
+        if "toolCallName" not in event:
+            raise RunFailure(FailureCode.CHUNK_WITHOUT_ID,
+                             "first tool call chunk carries no toolCallName")
+        start["toolCallId"] = item_id
+        start["toolCallName"] = event["toolCallName"]
+        if "parentMessageId" in event:
+            start["parentMessageId"] = event["parentMessageId"]
+        self._tool_start(run, start)
+        return None if delta is None else self._append_args(run, item_id, delta, None)
 
     def _chunk_continue(
         self, run: RunState, kind: ChunkKind, item_id: str, event: dict[str, Any]
     ) -> None:
         # What the expansion makes of it: a CONTENT/ARGS, which needs the item
         # open (an explicit END elsewhere may have closed a lane's pending item).
-        self._require_open(run, kind, item_id, event.get("subagentRunId"))
-        delta = event.get("delta")
-        metadata = event.get("metadata")
-        if kind is ChunkKind.TOOL:
+        ns = _NAMESPACES[kind]
+        self._require_open(run, ns, item_id, event.get("subagentRunId"))
+        if kind is _TOOL:
             call = self._tool_call(run, item_id)
             name = event.get("toolCallName")
             if name is not None and call is not None and name != call.name:
                 raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                  f"tool call chunk for {item_id!r} names another tool")
-            if delta is not None or metadata is not None:
-                self._append_args(run, item_id, delta or "", metadata)
-            return
-        if kind is ChunkKind.TEXT:
+        elif kind is ChunkKind.TEXT:
             record = run.messages.get(item_id)
             if record is not None:
                 for key, current in (("role", record.role), ("name", record.fields.get("name"))):
@@ -662,104 +540,99 @@ class KeyEngine:
                         raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                          f"text chunk for {item_id!r} repeats {key} with"
                                          " another value")
+        delta = event.get("delta")
+        metadata = event.get("metadata")
         if delta is not None or metadata is not None:
-            self._append_message(run, item_id, delta or "", metadata)
+            self._append(run, ns, item_id, delta or "", metadata, event)
 
     def _close_lane(self, run: RunState, lane: str | None) -> None:
         """Synthesize the END of the lane's pending chunk item."""
         kind, item_id = run.lanes.pop(lane)
-        if kind is ChunkKind.TOOL:
-            self._close(run, "tool", item_id, None)
-        else:
-            self._close(run, kind.value, item_id, None)
+        self._close(run, _NAMESPACES[kind], item_id, None, None)
 
     # --- open / close discipline --------------------------------------------------
 
-    def _check_owner(self, run: RunState, namespace: str, item_id: str, tag: str | None) -> None:
+    def _check_owner(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
         if tag is None:
             return  # an absent tag never disagrees
-        owner = run.owners[namespace].get(item_id, _ABSENT)
+        owner = run.owners[ns.name].get(item_id, _ABSENT)
         if owner is not _ABSENT and owner != tag:
             opener = "the parent agent" if owner is None else f"subagent run {owner!r}"
             raise RunFailure(FailureCode.OWNER_MISMATCH,
-                             f"{_describe(namespace, item_id)} belongs to {opener};"
+                             f"{_describe(ns, item_id)} belongs to {opener};"
                              f" subagent run {tag!r} may not continue it")
 
-    def _open(self, run: RunState, namespace: str, item_id: str, tag: str | None) -> None:
-        opened = run.open[namespace]
+    def _open(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
+        opened = run.open[ns.name]
         if item_id in opened:
-            raise RunFailure(_ALREADY_OPEN_CODE[namespace],
-                             f"{_describe(namespace, item_id)} is already open")
-        if namespace in run.owners:
-            owners = run.owners[namespace]
+            raise RunFailure(ns.already_open, f"{_describe(ns, item_id)} is already open")
+        if ns.owned:
+            owners = run.owners[ns.name]
             if item_id in owners:
-                self._check_owner(run, namespace, item_id, tag)
+                self._check_owner(run, ns, item_id, tag)
             else:
                 owners[item_id] = tag
         opened[item_id] = None
 
-    def _require_open(self, run: RunState, namespace: str, item_id: str, tag: str | None) -> None:
-        if item_id not in run.open[namespace]:
-            raise RunFailure(_NOT_OPEN_CODE[namespace],
-                             f"{_describe(namespace, item_id)} is not open")
-        if tag is not None and namespace in run.owners:
-            self._check_owner(run, namespace, item_id, tag)
+    def _require_open(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
+        if item_id not in run.open[ns.name]:
+            raise RunFailure(ns.not_open, f"{_describe(ns, item_id)} is not open")
+        if tag is not None and ns.owned:
+            self._check_owner(run, ns, item_id, tag)
 
-    def _close(self, run: RunState, namespace: str, item_id: str, event: dict[str, Any] | None,
-               ) -> None:
-        self._require_open(run, namespace, item_id,
-                           None if event is None else event.get("subagentRunId"))
-        del run.open[namespace][item_id]
-        if event is not None and "metadata" in event:
-            if namespace == "tool":
+    def _close(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None,
+               metadata: dict[str, Any] | None) -> None:
+        self._require_open(run, ns, item_id, tag)
+        del run.open[ns.name][item_id]
+        if metadata is not None and ns.streams:
+            if ns is _TOOL_CALLS:
                 call = self._tool_call(run, item_id)
                 if call is not None:
-                    call.metadata = _merged(call.metadata, event["metadata"])
-            elif namespace in ("reasoning", "text"):
+                    call.metadata = _merged(call.metadata, metadata)
+            else:
                 record = run.messages.get(item_id)
                 if record is not None:
-                    record.metadata = _merged(record.metadata, event["metadata"])
+                    record.metadata = _merged(record.metadata, metadata)
 
-    # --- spans ----------------------------------------------------------------------
+    def _continue(self, run: RunState, ns: _Namespace, event: dict[str, Any]) -> None:
+        """An explicit CONTENT or ARGS: a delta to an open message or tool call."""
+        item_id = event[ns.id_key]
+        self._require_open(run, ns, item_id, event.get("subagentRunId"))
+        self._append(run, ns, item_id, event["delta"], event.get("metadata"), event)
 
-    def _span_start(self, run: RunState, event: dict[str, Any]) -> None:
-        self._open(run, "span", event["messageId"], event.get("subagentRunId"))
+    def _append(self, run: RunState, ns: _Namespace, item_id: str, delta: str,
+                metadata: dict[str, Any] | None, event: dict[str, Any]) -> None:
+        """A continuation's delta and metadata; the delta memo learns where it went."""
+        if ns is _TOOL_CALLS:
+            fragments = self._append_args(run, item_id, delta, metadata)
+        else:
+            fragments = self._append_text(run, item_id, delta, metadata)
+        if fragments is not None and ns.delta_keys.issuperset(event):
+            self._remember(event["type"], event.get(ns.id_key), event.get("subagentRunId"),
+                           fragments)
 
-    def _span_end(self, run: RunState, event: dict[str, Any]) -> None:
-        self._close(run, "span", event["messageId"], event)
+    def _remember(self, event_type: str, item_id: str | None, tag: str | None,
+                  fragments: Fragments) -> None:
+        """Set the delta memo: deltas of this type, id and tag go to these fragments."""
+        self._memo_rule = _RULES[event_type]
+        self._memo_id = item_id
+        self._memo_tag = tag
+        self._memo_fragments = fragments
 
     # --- reasoning and text messages -----------------------------------------------
 
     def _reasoning_start(self, run: RunState, event: dict[str, Any]) -> None:
-        self._start_message(run, "reasoning", "reasoning", event)
-
-    def _reasoning_content(self, run: RunState, event: dict[str, Any]) -> None:
-        self._content(run, "reasoning", event)
-
-    def _content(self, run: RunState, namespace: str, event: dict[str, Any]) -> None:
-        """REASONING_MESSAGE_CONTENT / TEXT_MESSAGE_CONTENT (bare ones take the fast path)."""
-        message_id = event["messageId"]
-        self._require_open(run, namespace, message_id, event.get("subagentRunId"))
-        self._append_message(run, message_id, event["delta"], event.get("metadata"))
-
-    def _reasoning_end(self, run: RunState, event: dict[str, Any]) -> None:
-        self._close(run, "reasoning", event["messageId"], event)
+        self._start_message(run, _REASONING, "reasoning", event)
 
     def _text_start(self, run: RunState, event: dict[str, Any]) -> None:
-        self._start_message(run, "text", event.get("role", "assistant"), event)
-
-    def _text_content(self, run: RunState, event: dict[str, Any]) -> None:
-        self._content(run, "text", event)
-
-    def _text_end(self, run: RunState, event: dict[str, Any]) -> None:
-        self._close(run, "text", event["messageId"], event)
+        self._start_message(run, _TEXT, event.get("role", "assistant"), event)
 
     def _start_message(
-        self, run: RunState, namespace: str, role: str, event: dict[str, Any]
+        self, run: RunState, ns: _Namespace, role: str, event: dict[str, Any]
     ) -> None:
         message_id = event["messageId"]
         tag = event.get("subagentRunId")
-        self._open(run, namespace, message_id, tag)
+        self._open(run, ns, message_id, tag)
         record = run.messages.get(message_id)
         if record is None:
             record = MessageRecord(message_id, role)
@@ -775,14 +648,18 @@ class KeyEngine:
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
 
-    def _append_message(
+    def _append_text(
         self, run: RunState, message_id: str, delta: str, metadata: dict[str, Any] | None,
-    ) -> None:
+    ) -> Fragments | None:
+        """Returns the fragments the delta went to (None for an empty delta)."""
         record = run.messages[message_id]
+        fragments = None
         if delta:
-            self.content.fragments(_text_slot(run, record)).append(delta)
+            fragments = self.content.fragments(_text_slot(run, record))
+            fragments.append(delta)
         if metadata is not None:
             record.metadata = _merged(record.metadata, metadata)
+        return fragments
 
     # --- tool calls -------------------------------------------------------------------
 
@@ -797,7 +674,7 @@ class KeyEngine:
     def _tool_start(self, run: RunState, event: dict[str, Any]) -> None:
         call_id = event["toolCallId"]
         tag = event.get("subagentRunId")
-        self._open(run, "tool", call_id, tag)
+        self._open(run, _TOOL_CALLS, call_id, tag)
         call = self._tool_call(run, call_id)
         if call is None:
             host = self._tool_host(run, event.get("parentMessageId"), call_id, tag)
@@ -829,24 +706,20 @@ class KeyEngine:
         run.order.append(host_id)
         return host
 
-    def _tool_args(self, run: RunState, event: dict[str, Any]) -> None:
-        call_id = event["toolCallId"]
-        self._require_open(run, "tool", call_id, event.get("subagentRunId"))
-        self._append_args(run, call_id, event["delta"], event.get("metadata"))
-
     def _append_args(
         self, run: RunState, call_id: str, delta: str, metadata: dict[str, Any] | None
-    ) -> None:
+    ) -> Fragments | None:
+        """Returns the fragments the delta went to (None for an empty delta or no call)."""
         call = self._tool_call(run, call_id)
         if call is None:
-            return
+            return None
+        fragments = None
         if delta:
-            self.content.fragments(_args_slot(run, call)).append(delta)
+            fragments = self.content.fragments(_args_slot(run, call))
+            fragments.append(delta)
         if metadata is not None:
             call.metadata = _merged(call.metadata, metadata)
-
-    def _tool_end(self, run: RunState, event: dict[str, Any]) -> None:
-        self._close(run, "tool", event["toolCallId"], event)
+        return fragments
 
     def _tool_result(self, run: RunState, event: dict[str, Any]) -> None:
         message_id = event["messageId"]
@@ -922,62 +795,110 @@ class KeyEngine:
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
 
-    # --- steps and subagents ------------------------------------------------------------
 
-    def _step_started(self, run: RunState, event: dict[str, Any]) -> None:
-        self._open(run, "step", event["stepName"], None)
+# --- the rule table ---------------------------------------------------------------------
 
-    def _step_finished(self, run: RunState, event: dict[str, Any]) -> None:
-        self._close(run, "step", event["stepName"], None)
+_Handler = Callable[[KeyEngine, RunState, dict[str, Any]], None]
+_OutsideRun = Callable[[KeyEngine, str, dict[str, Any]], None]
 
-    def _subagent_started(self, run: RunState, event: dict[str, Any]) -> None:
-        self._open(run, "subagent", event["subagentRunId"], None)
 
-    def _subagent_finished(self, run: RunState, event: dict[str, Any]) -> None:
-        self._close(run, "subagent", event["subagentRunId"], None)
+def _opens(ns: _Namespace) -> _Handler:
+    """The handler of a START that opens an item of `ns` and builds nothing else."""
+    def open_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
+        engine._open(run, ns, event[ns.id_key], event.get("subagentRunId"))
+    return open_item
+
+
+def _closes(ns: _Namespace) -> _Handler:
+    """The handler of an END of an item of `ns`."""
+    def close_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
+        engine._close(run, ns, event[ns.id_key], event.get("subagentRunId"),
+                      event.get("metadata"))
+    return close_item
+
+
+def _continues(ns: _Namespace) -> _Handler:
+    """The handler of a CONTENT or ARGS of an item of `ns`."""
+    def continue_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
+        engine._continue(run, ns, event)
+    return continue_item
+
+
+def _chunks(kind: ChunkKind) -> _Handler:
+    """The handler of a chunk of `kind`: expanded, then checked (section 6)."""
+    def expand(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
+        engine._chunk(run, kind, event)
+    return expand
 
 
 def _ignore(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
     """Validated, but builds no history (state, raw and custom events)."""
 
 
-# The fast paths for other bare records, by event type (tried after
-# `_took_bare_delta`, which takes most records).
-_FAST_PATHS: Final[dict[str, Callable[[KeyEngine, RunState, str, dict[str, Any]], bool]]] = {
-    **dict.fromkeys(_FAST_BOUNDARIES, KeyEngine._took_bare_boundary),
-    **dict.fromkeys(_FAST_STARTS, KeyEngine._took_bare_start),
-    "REASONING_ENCRYPTED_VALUE": KeyEngine._took_bare_encrypted,
-}
+class _Rule:
+    """What one event type does once its schema check has passed."""
 
-# One table for all engines (a service holds an engine per key): shared, it
-# stays in the CPU cache, where per-engine bound methods would not.
-_HANDLERS: Final[dict[str, Callable[[KeyEngine, RunState, dict[str, Any]], None]]] = {
-    "REASONING_START": KeyEngine._span_start,
-    "REASONING_END": KeyEngine._span_end,
-    "REASONING_MESSAGE_START": KeyEngine._reasoning_start,
-    "REASONING_MESSAGE_CONTENT": KeyEngine._reasoning_content,
-    "REASONING_MESSAGE_END": KeyEngine._reasoning_end,
-    "REASONING_ENCRYPTED_VALUE": KeyEngine._encrypted_value,
-    "TEXT_MESSAGE_START": KeyEngine._text_start,
-    "TEXT_MESSAGE_CONTENT": KeyEngine._text_content,
-    "TEXT_MESSAGE_END": KeyEngine._text_end,
-    "TOOL_CALL_START": KeyEngine._tool_start,
-    "TOOL_CALL_ARGS": KeyEngine._tool_args,
-    "TOOL_CALL_END": KeyEngine._tool_end,
-    "TOOL_CALL_RESULT": KeyEngine._tool_result,
-    "MESSAGES_SNAPSHOT": KeyEngine._messages_snapshot,
-    "ACTIVITY_SNAPSHOT": KeyEngine._activity_snapshot,
-    "ACTIVITY_DELTA": KeyEngine._activity_delta,
-    "STEP_STARTED": KeyEngine._step_started,
-    "STEP_FINISHED": KeyEngine._step_finished,
-    "SUBAGENT_STARTED": KeyEngine._subagent_started,
-    "SUBAGENT_FINISHED": KeyEngine._subagent_finished,
-    "SUBAGENT_ERROR": KeyEngine._subagent_finished,
-    "STATE_SNAPSHOT": _ignore,
-    "STATE_DELTA": _ignore,
-    "RAW": _ignore,
-    "CUSTOM": _ignore,
-}
+    __slots__ = ("delta_id_key", "event_type", "in_run", "is_clean", "lanes", "model",
+                 "outside_run", "quiet", "repeat_check")
+
+    def __init__(self, event_type: str, in_run: _Handler, lanes: _Lanes,
+                 outside_run: _OutsideRun = KeyEngine._stray,
+                 deltas: _Namespace | None = None) -> None:
+        self.event_type = event_type
+        self.model = EVENT_MODELS[event_type]
+        self.is_clean: CleanCheck = CLEAN_CHECKS[event_type]
+        self.in_run = in_run  # applies it to the active run
+        self.lanes = lanes  # the pending chunk items it closes first
+        self.outside_run = outside_run  # what it does when no run is active (section 3)
+        self.quiet = _QUIET_STEPS[event_type]  # its Step when it decides nothing
+        # For a delta to items of `deltas`, what the delta memo needs: the clean
+        # check narrowed to a delta that only appends, and the item's id field.
+        self.repeat_check = never_clean if deltas is None else compile_clean_check(
+            self.model, deltas.delta_keys, picked_by="type")
+        self.delta_id_key = "" if deltas is None else deltas.id_key
+
+
+_RULES: Final = {rule.event_type: rule for rule in (
+    # Run lifecycle (rule book section 3). A RUN_STARTED inside a run fails
+    # before it could close anything.
+    _Rule("RUN_STARTED", KeyEngine._run_already_active, _Lanes.KEPT, KeyEngine._start_run),
+    _Rule("RUN_FINISHED", KeyEngine._run_finished, _Lanes.ALL),
+    _Rule("RUN_ERROR", KeyEngine._run_error, _Lanes.ALL, KeyEngine._run_error_outside_run),
+    # Spans, reasoning and text messages, tool calls (sections 4-7). A chunk
+    # switches lanes itself as it is expanded.
+    _Rule("REASONING_START", _opens(_SPANS), _Lanes.OWN),
+    _Rule("REASONING_END", _closes(_SPANS), _Lanes.OWN),
+    _Rule("REASONING_MESSAGE_START", KeyEngine._reasoning_start, _Lanes.OWN),
+    _Rule("REASONING_MESSAGE_CONTENT", _continues(_REASONING), _Lanes.OWN, deltas=_REASONING),
+    _Rule("REASONING_MESSAGE_END", _closes(_REASONING), _Lanes.OWN),
+    _Rule("REASONING_MESSAGE_CHUNK", _chunks(ChunkKind.REASONING), _Lanes.KEPT, deltas=_REASONING),
+    _Rule("TEXT_MESSAGE_START", KeyEngine._text_start, _Lanes.OWN),
+    _Rule("TEXT_MESSAGE_CONTENT", _continues(_TEXT), _Lanes.OWN, deltas=_TEXT),
+    _Rule("TEXT_MESSAGE_END", _closes(_TEXT), _Lanes.OWN),
+    _Rule("TEXT_MESSAGE_CHUNK", _chunks(ChunkKind.TEXT), _Lanes.KEPT, deltas=_TEXT),
+    _Rule("TOOL_CALL_START", KeyEngine._tool_start, _Lanes.OWN),
+    _Rule("TOOL_CALL_ARGS", _continues(_TOOL_CALLS), _Lanes.OWN, deltas=_TOOL_CALLS),
+    _Rule("TOOL_CALL_END", _closes(_TOOL_CALLS), _Lanes.OWN),
+    _Rule("TOOL_CALL_CHUNK", _chunks(ChunkKind.TOOL), _Lanes.KEPT, deltas=_TOOL_CALLS),
+    _Rule("TOOL_CALL_RESULT", KeyEngine._tool_result, _Lanes.OWN),
+    # Encrypted values, snapshots, activity (sections 9, 10, 12).
+    _Rule("REASONING_ENCRYPTED_VALUE", KeyEngine._encrypted_value, _Lanes.KEPT),
+    _Rule("MESSAGES_SNAPSHOT", KeyEngine._messages_snapshot, _Lanes.ALL),
+    _Rule("ACTIVITY_SNAPSHOT", KeyEngine._activity_snapshot, _Lanes.KEPT),
+    _Rule("ACTIVITY_DELTA", KeyEngine._activity_delta, _Lanes.KEPT),
+    # Steps, subagents and the events that build nothing (section 9). A
+    # subagent's end is in the lane of the subagent it ends.
+    _Rule("STEP_STARTED", _opens(_STEPS), _Lanes.OWN),
+    _Rule("STEP_FINISHED", _closes(_STEPS), _Lanes.OWN),
+    _Rule("SUBAGENT_STARTED", _opens(_SUBAGENTS), _Lanes.KEPT),
+    _Rule("SUBAGENT_FINISHED", _closes(_SUBAGENTS), _Lanes.OWN),
+    _Rule("SUBAGENT_ERROR", _closes(_SUBAGENTS), _Lanes.OWN),
+    _Rule("STATE_SNAPSHOT", _ignore, _Lanes.OWN),
+    _Rule("STATE_DELTA", _ignore, _Lanes.OWN),
+    _Rule("RAW", _ignore, _Lanes.KEPT),
+    _Rule("CUSTOM", _ignore, _Lanes.OWN),
+)}
+assert _RULES.keys() == EVENT_MODELS.keys()
 
 
 def _text_slot(run: RunState, record: MessageRecord) -> int:
