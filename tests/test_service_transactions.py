@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import faust
 import pytest
@@ -23,15 +26,26 @@ from processors.faust_adaptations import AdaptedApp, send_in_transaction
 from tests.service_harness import TopicReader, create_topic
 
 
-async def _send_between_transactions(bootstrap: str, topic: str,
-                                     repair: bool) -> None:
-    app = faust.App(f"txn-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}",
+@asynccontextmanager
+async def _producer_in_a_transaction(bootstrap: str, app_class: type[faust.App],
+                                     ) -> AsyncIterator[tuple[Any, str]]:
+    """A started exactly-once producer of a fresh app, and a transaction it began."""
+    app = app_class(f"txn-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}",
                     processing_guarantee="exactly_once", autodiscover=False)
     producer = app.producer
     await producer.start()
     transactional_id = f"{app.conf.id}-0-0"
     try:
         await producer.maybe_begin_transaction(transactional_id)
+        yield producer, transactional_id
+    finally:
+        await producer.stop_transaction(transactional_id)
+        await producer.stop()
+
+
+async def _send_between_transactions(bootstrap: str, topic: str,
+                                     repair: bool) -> None:
+    async with _producer_in_a_transaction(bootstrap, faust.App) as (producer, transactional_id):
         # What a commit that fails before beginning the next transaction leaves.
         await producer.commit_transaction(transactional_id)
         if repair:
@@ -41,9 +55,6 @@ async def _send_between_transactions(bootstrap: str, topic: str,
             await producer.send(topic, b"key", b"{}", 0, None, None,
                                 transactional_id=transactional_id)
         await producer.commit_transaction(transactional_id)
-    finally:
-        await producer.stop_transaction(transactional_id)
-        await producer.stop()
 
 
 def test_a_send_between_transactions_begins_one_and_commits(kafka_bootstrap: str) -> None:
@@ -69,22 +80,14 @@ async def _commit_offsets_after_the_transaction_ended(
         bootstrap: str, topic: str, group: str, producer_class: type | None) -> int | None:
     """What a stop does: Faust ends every transaction when its streams are waited
     empty, then commits the offsets of the records processed after that."""
-    app = AdaptedApp(f"txn-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}",
-                     processing_guarantee="exactly_once", autodiscover=False)
-    producer = app.producer
-    await producer.start()
-    transactional_id = f"{app.conf.id}-0-0"
-    try:
-        await producer.maybe_begin_transaction(transactional_id)
-        await producer.commit_transactions({transactional_id: {TopicPartition(topic, 0): 3}}, group,
-                                           start_new_transaction=False)
+    async with _producer_in_a_transaction(bootstrap, AdaptedApp) as (producer,
+                                                                     transactional_id):
+        await producer.commit_transactions({transactional_id: {TopicPartition(topic, 0): 3}},
+                                           group, start_new_transaction=False)
         commit = (producer.commit_transactions if producer_class is None
                   else partial(producer_class.commit_transactions, producer))
         await commit({transactional_id: {TopicPartition(topic, 0): 5}}, group,
                      start_new_transaction=False)
-    finally:
-        await producer.stop_transaction(transactional_id)
-        await producer.stop()
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
                                 isolation_level="read_committed")
     await consumer.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 
 import pytest
@@ -22,39 +23,35 @@ async def _outer(gate: asyncio.Event) -> None:
     await _innermost(gate)
 
 
-def test_the_path_reaches_the_innermost_await() -> None:
+def _path_of_waiting_task(start: Callable[[asyncio.Event], Awaitable[None]]) -> list[str]:
+    """The names on `await_path` of a task `start` makes, while it waits on a gate."""
     async def run() -> str:
         gate = asyncio.Event()
-        task = asyncio.create_task(_outer(gate))
+        task = asyncio.ensure_future(start(gate))
         await asyncio.sleep(0)  # let the task reach its wait
         path = await_path(task)
         gate.set()
         await task
         return path
 
-    path = asyncio.run(run())
-    names = [place.split(" ")[0] for place in path.split(" -> ")]
-    assert names[:3] == ["_outer", "_innermost", "wait"], path
-    assert names[-1].startswith("Future"), path  # the future it waits on
+    return [place.split(" ")[0] for place in asyncio.run(run()).split(" -> ")]
+
+
+def test_the_path_reaches_the_innermost_await() -> None:
+    names = _path_of_waiting_task(_outer)
+    assert names[:3] == ["_outer", "_innermost", "wait"], names
+    assert names[-1].startswith("Future"), names  # the future it waits on
 
 
 def test_the_path_goes_on_into_a_delivery_the_consumer_started_itself() -> None:
     """The consumer runs a record's delivery up to its first wait and hands the rest
     to a task as a `_Resumed`: the path follows it into the delivery's own awaits."""
-    async def run() -> str:
-        gate = asyncio.Event()
+    def resumed(gate: asyncio.Event) -> Awaitable[None]:
         delivery = _outer(gate)
-        pending = delivery.send(None)
-        task = asyncio.ensure_future(_Resumed(delivery, pending))
-        await asyncio.sleep(0)
-        path = await_path(task)
-        gate.set()
-        await task
-        return path
+        return _Resumed(delivery, delivery.send(None))
 
-    path = asyncio.run(run())
-    names = [place.split(" ")[0] for place in path.split(" -> ")]
-    assert names[-4:-1] == ["_outer", "_innermost", "wait"], path
+    names = _path_of_waiting_task(resumed)
+    assert names[-4:-1] == ["_outer", "_innermost", "wait"], names
 
 
 def test_the_consumer_state_names_partitions_offsets_and_flags(
