@@ -30,7 +30,7 @@ from faust.transport.consumer import TopicPartitionGroup, TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from mode.services import WaitResults
-from mode.utils.queues import FlowControlEvent
+from mode.utils.queues import FlowControlEvent, ThrowableQueue
 
 log = logging.getLogger("agui_stream")
 
@@ -81,6 +81,33 @@ class ResumeOnlyWhenSuspended(FlowControlEvent):
     def resume(self) -> None:
         if not self.is_active():
             super().resume()
+
+
+class CurrentGenerationQueue(ThrowableQueue[Any]):
+    """Faust: a record's hand-over to its stream can wait across a rebalance (for
+    room in the queue, in a task that outlives the cancelled hand-over, or for flow
+    to resume); the record then enters the queue with the old generation, and the
+    stream skips it *and acks it*, so its offset commits with the record never
+    processed. Here a record of an old generation never enters the queue and is not
+    acked: every assignment seeks back to the committed offset and fetches it again.
+    Proof: tests/test_faust_adaptations.py; the join/leave test and stress."""
+
+    def __init__(self, *args: Any, generation: Callable[[], int | None],
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._generation = generation
+
+    def _is_stale(self, value: Any) -> bool:
+        generation = getattr(getattr(value, "message", None), "generation_id", None)
+        return generation is not None and generation != self._generation()
+
+    def put_nowait(self, value: Any) -> None:  # the end of every awaited put
+        if not self._is_stale(value):
+            super().put_nowait(value)
+
+    def force_put_nowait(self, value: Any) -> None:  # Faust's put when there is room
+        if not self._is_stale(value):
+            super().force_put_nowait(value)
 
 
 class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -351,6 +378,12 @@ class AdaptedApp(faust.App):
 
     def _new_producer_transport(self) -> Any:
         return AdaptedTransport(self.conf.broker_producer, self)
+
+    def FlowControlQueue(self, maxsize: int | None = None, *,
+                         clear_on_resume: bool = False) -> ThrowableQueue[Any]:
+        return CurrentGenerationQueue(
+            maxsize=maxsize, flow_control=self.flow_control, clear_on_resume=clear_on_resume,
+            generation=lambda: self.consumer_generation_id)
 
     @property
     def flow_control(self) -> FlowControlEvent:

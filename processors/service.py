@@ -407,10 +407,33 @@ def log_partition_state(app: faust.App) -> None:
             f"recovery highwaters: {offsets(getattr(recovery, 'active_highwaters', None))}",
             f"read offsets: {offsets(getattr(consumer, '_read_offset', None))}",
             f"committed offsets: {offsets(getattr(consumer, '_committed_offset', None))}",
+            *_kafka_client_state(consumer),
         ]
         log.warning("consumer state:\n%s", "\n".join(lines))
     except Exception as error:  # a diagnostic must never stop the worker
         log_exception_kind(log, logging.WARNING, "could not log the consumer state", error)
+
+
+def _kafka_client_state(consumer: Any) -> list[str]:
+    """What aiokafka's own consumer holds per partition, where Faust's view ends: its
+    fetch position, pause flag and buffered fetch (read without the consumer thread's
+    loop, so a snapshot that may be a moment old)."""
+    client = getattr(getattr(consumer, "_thread", None), "_consumer", None)
+    if client is None:
+        return []
+    subscription = client._subscription.subscription
+    fetcher = client._fetcher
+    states = []
+    for tp in sorted(subscription.assignment.tps if subscription else ()):
+        state = subscription.assignment.state_value(tp)
+        position = state.position if state.has_valid_position else "none"
+        states.append(f"{tp.topic}[{tp.partition}]={position}"
+                      f"{' paused' if state.paused else ''}"
+                      f"{' buffered' if tp in fetcher._records else ''}")
+    return [f"kafka client positions: {', '.join(states)}",
+            f"kafka client: reassignment in progress"
+            f" {client._subscription.reassignment_in_progress},"
+            f" fetches in flight to nodes {sorted(fetcher._in_flight)}"]
 
 
 def log_task_stacks(app: faust.App | None = None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import faust
@@ -37,6 +38,34 @@ def test_resume_while_active_keeps_queued_records_and_after_suspension_clears() 
     app.flow_control.suspend()  # a rebalance
     app.flow_control.resume()
     assert queue.qsize() == 0  # what was queued before the suspension is discarded
+
+
+def _event_of_generation(generation: int) -> Any:
+    return SimpleNamespace(message=SimpleNamespace(generation_id=generation, acked=False))
+
+
+def test_a_record_of_an_old_generation_never_enters_a_stream_queue() -> None:
+    """Faust would skip it in the stream and ack it: its offset would commit with the
+    record never processed. Dropped here, unacked, it is fetched again after the seek
+    to the committed offset that every assignment makes."""
+    app = faust_app(Settings.from_env({}))
+    queue = app.FlowControlQueue(maxsize=4, clear_on_resume=True)
+    app.flow_control.resume()
+    app.consumer_generation_id = 3
+    fetched_before, fetched_after = _event_of_generation(2), _event_of_generation(3)
+
+    async def hand_over() -> None:
+        queue.put_nowait_enhanced(fetched_before, on_pressure_high=lambda: None,
+                                  on_pressure_drop=lambda: None)  # Faust's put with room
+        await queue.put(fetched_before)  # the put that waited for room or for flow
+        queue.force_put_nowait(fetched_after)
+        await queue.put(fetched_after)
+
+    asyncio.run(hand_over())
+    assert [queue.get_nowait(), queue.get_nowait()] == [fetched_after, fetched_after]
+    assert queue.empty() and not fetched_before.message.acked
+    queue.put_nowait("a value without a message (a channel of plain values)")
+    assert queue.qsize() == 1
 
 
 def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
