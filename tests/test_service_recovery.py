@@ -64,6 +64,26 @@ def assert_exactly_once(runs: list[GeneratedRun], history: list[Consumed]) -> No
         assert len(partitions) == 1
 
 
+def missing_runs_report(runs: list[GeneratedRun], history: list[Consumed],
+                        worker: Worker) -> str:
+    """What a test that timed out waiting for closing records needs told: which runs
+    lack one, what history has of them, and what the worker counts (open runs, run
+    outcomes, dead letters, replays)."""
+    closed = {r.value["runId"] for r in history if r.value["kind"] == "run"}
+    published = Counter(r.value["runId"] for r in history if r.value["kind"] == "message")
+    missing = [run for run in runs if run.run_id not in closed]
+    lines = [f"{len(closed)} closing records read; {len(missing)} runs without one, e.g.:"]
+    lines += [f"  key {run.key!r} run {run.run_id}: {published[run.run_id]} of"
+              f" {len(run.messages)} messages published" for run in missing[:8]]
+    try:
+        counts = [line for line in worker.metrics().splitlines() if line.startswith(
+            ("agui_open_runs ", "agui_runs_total", "agui_deadletter_records_total",
+             "agui_replayed_records_total", "agui_discarded_events_total"))]
+    except OSError as error:
+        counts = [f"(no metrics: {error})"]
+    return "\n".join([*lines, "worker counts:", *counts])
+
+
 def closing_count(records: list[Consumed]) -> int:
     return sum(r.value["kind"] == "run" for r in records)
 
@@ -139,7 +159,7 @@ def test_second_worker_joining_and_leaving_changes_nothing(
         assert thread.error is None, thread.error
     reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
                       f"all {len(runs)} closing records",
-                      lambda: f"{closing_count(reader.records)} closing records read;"
-                      f" first worker:\n{first.stuck_report()}")
+                      lambda: f"{missing_runs_report(runs, reader.records, first)}\n"
+                      f"first worker:\n{first.stuck_report()}")
     first.stop()
     assert_exactly_once(runs, reader.records)
