@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, Final, Protocol
 
 import aiokafka
@@ -327,11 +327,8 @@ class ConcurrentCommitProducer(faust_aiokafka.Producer):
         in a transaction begun for them (the error is raised before anything is sent).
         Proof: tests/test_service_transactions.py; rebalance_pause.py (the leave)."""
         commit = super().commit_transactions
-        try:
-            await commit({transaction: offsets}, group_id, start_new_transaction)
-        except IllegalOperation:
-            await self.maybe_begin_transaction(transaction)
-            await commit({transaction: offsets}, group_id, start_new_transaction)
+        await _beginning_one_if_between(self, transaction, lambda: commit(
+            {transaction: offsets}, group_id, start_new_transaction))
 
 
 class AdaptedTransport(faust_aiokafka.Transport):
@@ -415,11 +412,17 @@ async def send_in_transaction(producer: Any, transaction: str, topic: str,
     """Faust begins a partition's next transaction only after committing the last, so a
     commit failing in a rebalance left its producer between transactions and every
     later send failed; here the send begins it. Proof: tests/test_service_transactions.py."""
+    return await _beginning_one_if_between(producer, transaction, lambda: producer.send(
+        topic, key, value, partition, None, headers, transactional_id=transaction))
+
+
+async def _beginning_one_if_between(producer: Any, transaction: str,
+                                    operation: Callable[[], Awaitable[Any]]) -> Any:
+    """Run a send or commit of `transaction`; when its producer is between transactions
+    (aiokafka raises before sending anything), begin one and run it again."""
     try:
-        return await producer.send(topic, key, value, partition, None, headers,
-                                   transactional_id=transaction)
-    except IllegalOperation:  # "Can't send messages while not in transaction"
+        return await operation()
+    except IllegalOperation:  # "... not in transaction" / "Not in the middle of a transaction"
         log.warning("producer %s was between transactions: beginning one", transaction)
         await producer.maybe_begin_transaction(transaction)
-        return await producer.send(topic, key, value, partition, None, headers,
-                                   transactional_id=transaction)
+        return await operation()

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, NamedTuple, NoReturn
 
 import faust
@@ -440,7 +440,7 @@ def log_task_stacks(app: faust.App | None = None) -> None:
     """Log where each asyncio task waits, on this loop and on the consumer thread's
     (which fetches and commits for it), and where each thread is: code locations
     only, never values."""
-    lines = sorted(f"{task.get_name()}: {await_path(task)}" for task in asyncio.all_tasks())
+    lines = _task_lines(asyncio.all_tasks())
     log.warning("%d tasks:\n%s", len(lines), "\n".join(lines))
     thread_loop = getattr(getattr(getattr(app, "consumer", None), "_thread", None),
                           "thread_loop", None)
@@ -449,7 +449,7 @@ def log_task_stacks(app: faust.App | None = None) -> None:
             tasks = list(asyncio.all_tasks(thread_loop))
         except RuntimeError:
             tasks = []
-        lines = sorted(f"{task.get_name()}: {await_path(task)}" for task in tasks)
+        lines = _task_lines(tasks)
         log.warning("%d consumer thread tasks:\n%s", len(lines), "\n".join(lines))
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     lines = [f"{names.get(ident, ident)}: " + " -> ".join(
@@ -457,6 +457,10 @@ def log_task_stacks(app: faust.App | None = None) -> None:
                  for frame in traceback.extract_stack(top, limit=12))
              for ident, top in sys._current_frames().items()]
     log.warning("%d threads:\n%s", len(lines), "\n".join(sorted(lines)))
+
+
+def _task_lines(tasks: Iterable[asyncio.Task[Any]]) -> list[str]:
+    return sorted(f"{task.get_name()}: {await_path(task)}" for task in tasks)
 
 
 def await_path(task: asyncio.Task[Any]) -> str:
