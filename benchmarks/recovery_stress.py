@@ -5,10 +5,11 @@
 
 Each round runs, in one pytest process with its own broker: the kill -9 test
 with the memory:// and the rocksdb:// store (with K kills instead of 4) and the
-join/leave test. It stops at the first failure (its pytest output is kept and
-its path printed) unless --keep-going, and prints one line per round and the
-totals: how many consecutive rounds passed from the start, and passes/runs per
-test. A stress run is not a test: it takes about 5 minutes a round.
+join/leave test. It stops at the first failure (its pytest output and its
+workers' logs are kept and their paths printed) unless --keep-going, and
+prints one line per round and the totals: how many consecutive rounds passed
+from the start, and passes/runs per test. A stress run is not a test: it takes
+about 5 minutes a round.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,10 +53,11 @@ def main() -> int:
     print(f"logs: {logs}; tests: {', '.join(chosen)}; kills per kill test: {args.kills}")
     for round_number in range(1, args.runs + 1):
         log = logs / f"round-{round_number}.log"
+        workers = logs / f"round-{round_number}"  # the tests' files: worker logs and data
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-             *(TESTS[name] for name in chosen)],
+             f"--basetemp={workers}", *(TESTS[name] for name in chosen)],
             cwd=REPO_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         text = log.read_text(errors="replace")
         outcome = {}
@@ -65,12 +68,14 @@ def main() -> int:
             runs[name] += 1
             passes[name] += bool(passed)
         round_ok = result.returncode == 0 and all(outcome.values())
+        if round_ok:
+            shutil.rmtree(workers, ignore_errors=True)
         if round_ok and not broken:
             consecutive += 1
         broken = broken or not round_ok
         summary = " ".join(f"{name}={'pass' if ok else 'FAIL'}" for name, ok in outcome.items())
         print(f"round {round_number:3}: {summary} ({time.monotonic() - started:.0f} s)"
-              + ("" if round_ok else f"  log: {log}"), flush=True)
+              + ("" if round_ok else f"  log: {log}, workers: {workers}"), flush=True)
         if not round_ok and not args.keep_going:
             break
     print(f"consecutive passing rounds from the start: {consecutive}")

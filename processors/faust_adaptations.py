@@ -227,8 +227,38 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
 
     app: AdaptedApp
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._unsought: set[TP] = set()  # stream partitions not sought since their assignment
+        self._held: set[TP] = set()  # of those, the ones Faust asked to resume
+
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return CommittedEndsConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        self._unsought = {tp for tp in assigned if not self._is_changelog_tp(tp)}
+        self._held = set()
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    def resume_partitions(self, tps: Any) -> None:
+        """Faust resumes an assignment's stream partitions and only then seeks them to
+        their committed offsets. A partition the worker kept across the rebalance was
+        fetched in between from where the consumer stood before it, past records
+        fetched and dropped unprocessed at the revocation: later records of a run were
+        processed before earlier ones (runs failed, and the earlier records, once read
+        again, were skipped as replays; their outputs never existed). Here a stream
+        partition stays paused until `perform_seek` has sought it.
+        Proof: tests/test_faust_adaptations.py; the join/leave test and stress."""
+        held = {tp for tp in tps if tp in self._unsought}
+        self._held |= held
+        super().resume_partitions([tp for tp in tps if tp not in held])
+
+    async def perform_seek(self) -> None:
+        generation = self.app.consumer_generation_id
+        await super().perform_seek()
+        if self.app.consumer_generation_id == generation:  # else: a newer assignment waits
+            held, self._held, self._unsought = self._held, set(), set()
+            super().resume_partitions(held)
 
     async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
         """Faust hands each fetched record to its stream with `wait_first(delivery,

@@ -9,7 +9,9 @@ from typing import Any
 import faust
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
+from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import TransactionManager
+from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -115,6 +117,52 @@ async def _consumer() -> WholeRecordConsumer:
     assert isinstance(consumer, WholeRecordConsumer)
     consumer.flow_active = True
     return consumer
+
+
+def test_an_assigned_stream_partition_is_fetched_only_after_its_seek(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faust resumes a kept partition before seeking it, and it was fetched from where
+    the consumer stood before the rebalance: later records of a run were processed
+    before earlier ones. Here it stays paused until sought; changelogs resume at once."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        app = consumer.app
+        app.Table("state", partitions=2)
+        stream, changelog = TP("events", 0), TP(f"{app.conf.id}-state-changelog", 0)
+        assert consumer._is_changelog_tp(changelog)
+
+        async def faust_assignment(self: Any, assigned: set[TP], generation_id: int) -> None:
+            self.pause_partitions(assigned)  # what Faust's assignment callbacks do
+        monkeypatch.setattr(faust_consumer.Consumer, "on_partitions_assigned",
+                            faust_assignment)
+        reassigned_meanwhile = False
+
+        async def seek_to_committed() -> dict[TP, int]:
+            if reassigned_meanwhile:
+                app.consumer_generation_id += 1
+            return {stream: 5}
+        monkeypatch.setattr(consumer, "seek_to_committed", seek_to_committed)
+
+        await consumer.on_partitions_assigned({stream, changelog}, 1)
+        consumer.resume_partitions({stream, changelog})  # as recovery does, then it seeks
+        assert consumer._get_active_partitions() == {changelog}
+        await consumer.perform_seek()
+        assert consumer._get_active_partitions() == {stream, changelog}
+
+        await consumer.on_partitions_assigned({stream}, 2)
+        consumer.resume_partitions({stream})
+        reassigned_meanwhile = True  # a seek of an older assignment releases nothing
+        await consumer.perform_seek()
+        assert consumer._get_active_partitions() == {changelog}  # (Faust's own set)
+        reassigned_meanwhile = False
+        await consumer.perform_seek()
+        assert stream in consumer._get_active_partitions()
+        consumer.pause_partitions({stream})
+        consumer.resume_partitions({stream})  # sought: resumes at once
+        assert stream in consumer._get_active_partitions()
+
+    asyncio.run(scenario())
 
 
 def test_a_delivery_that_completes_at_once_wins_without_a_task() -> None:
