@@ -238,6 +238,17 @@ def test_reads_see_changes_until_the_store_has_them() -> None:
     assert store.view().messages("acme", "t1") == messages
 
 
+def test_once_applied_the_store_is_read_again() -> None:
+    store, history = Store(), History()
+    view = store.view()
+    feed(view, history.run("t1", "r1", [assistant("m1", "one")]))
+    store.commit(view)
+    key = message_key(thread_key("acme", "t1"), 0)
+    store.data[key] = orjson.dumps(assistant("m1", "restored"))  # e.g. by recovery
+    messages = view.messages("acme", "t1")
+    assert isinstance(messages, list) and messages[0]["content"] == "restored"
+
+
 def test_forget_reloads_everything_from_the_stored_table() -> None:
     store, history = Store(), History()
     view = store.view()
