@@ -264,13 +264,11 @@ class ThreadView:
         return changes
 
     def changes_applied(self, changes: Iterable[StateChange]) -> None:
-        """`changes` are in the stored mapping now: reads may go to it for the entries
-        not changed again since."""
+        """`changes` are in the stored mapping now: reads go to it for the entries not
+        changed again since (an entry changed back to the same value may go too)."""
         for change in changes:
-            key = change.key
-            if (key in self._overlay and self._overlay[key] == change.value
-                    and not any(key in part.dirty for part in self._partitions.values())):
-                del self._overlay[key]
+            if change.key in self._overlay and self._overlay[change.key] == change.value:
+                del self._overlay[change.key]
 
     def forget(self) -> None:
         """Partitions moved: drop everything in memory (the stored table is the truth).
