@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--replay-only", action="store_true",
                       help="only produce the sample runs to the input topic, then exit")
+    hash_token = commands.add_parser(
+        "hash-token",
+        help="read a thread API token on stdin, print its line for AGUI_TOKENS_FILE",
+        description="Read one bearer token from stdin (its first line) and print the line "
+        "that gives it to TENANT in the tokens file. The token itself is not printed.",
+    )
+    hash_token.add_argument("tenant", help="the tenant the token authenticates")
     return parser
 
 
@@ -57,7 +64,20 @@ def main(argv: list[str] | None = None) -> int:
         from processors.demo import run_demo
 
         return run_demo(args.replay_only)
+    if args.command == "hash-token":
+        return _hash_token(args.tenant)
     raise AssertionError(args.command)  # argparse rejects unknown commands
+
+
+def _hash_token(tenant: str) -> int:
+    from processors.tenant_tokens import token_line
+
+    try:
+        print(token_line(tenant, sys.stdin.readline().rstrip("\r\n")))
+    except ValueError as error:
+        print(f"agui-stream hash-token: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

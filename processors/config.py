@@ -54,6 +54,10 @@ DOCUMENTED: Final = (
     ("AGUI_METRICS_PORT", "6066", "HTTP port of /metrics, /livez, /readyz and /healthz"),
     ("AGUI_STALL_SECONDS", "300", "/livez fails when input waits and nothing was processed"
      " this long (keep it well above a rebalance's recovery time)"),
+    ("AGUI_VIEW_RETENTION_SECONDS", "2592000", "the thread view removes a thread with no"
+     " history record for this long (30 days)"),
+    ("AGUI_TOKENS_FILE", "", "tenant tokens of the thread API (docs/thread-view.md); empty:"
+     " the API answers every request 401"),
     ("AGUI_TEST_STALL_AGENT", "", "test only: 1 makes the agent stop before its first record"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
 )
@@ -90,6 +94,8 @@ class Settings:
     metrics_port: int
     log_level: str
     stall_seconds: float
+    view_retention_seconds: float
+    tokens_file: str | None
     test_stall_agent: bool
 
     @classmethod
@@ -114,7 +120,8 @@ class Settings:
                 raise ConfigError(
                     f"KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required with {protocol}"
                 )
-        for name in ("KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE"):
+        for name in ("KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE",
+                     "AGUI_TOKENS_FILE"):
             path = optional(name)
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(f"{name}={path!r}: no such file")
@@ -180,6 +187,10 @@ class Settings:
                               ("debug", "info", "warning", "error")),
             stall_seconds=float(_integer("AGUI_STALL_SECONDS", get("AGUI_STALL_SECONDS"), 5,
                                          86_400)),
+            view_retention_seconds=float(_integer(
+                "AGUI_VIEW_RETENTION_SECONDS", get("AGUI_VIEW_RETENTION_SECONDS"), 60,
+                3650 * 86_400)),
+            tokens_file=optional("AGUI_TOKENS_FILE"),
             test_stall_agent=_choice("AGUI_TEST_STALL_AGENT", get("AGUI_TEST_STALL_AGENT"),
                                      ("", "0", "1")) == "1",
         )

@@ -29,6 +29,10 @@ class TopicSpec:
 STATE_TABLE = "run-state"  # per key: engine state, partition, replay guard, chunk count
 TEXT_TABLE = "run-text"  # per key: the active run's streamed text, one chunk per commit
 TABLE_NAMES = (STATE_TABLE, TEXT_TABLE)
+# The thread view's table (processors.thread_view), co-partitioned with the history
+# topic: per thread a header, its messages and run summaries; per partition the
+# offset read up to.
+VIEW_TABLE = "thread-view"
 
 
 def changelog_topic(app_id: str, table: str) -> str:
