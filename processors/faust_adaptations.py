@@ -436,6 +436,21 @@ class AdaptedApp(faust.App):
         self._owned_producers = owned
 
 
+async def apply_each(stream: Any, boundary: asyncio.Lock,
+                     apply: Callable[[Any], None]) -> None:
+    """An agent's loop: `apply` each event of the stream (synchronous, so no commit
+    starts while it runs), waiting while a commit takes its batch (`force_commit`).
+    It iterates the stream itself, not `stream.events()` (one async generator less
+    per record); the stream's current event is the record's."""
+    async for _value in stream:
+        event = stream.current_event
+        if boundary.locked():
+            async with boundary:
+                apply(event)
+        else:
+            apply(event)
+
+
 async def send_in_transaction(producer: Any, transaction: str, topic: str,
                               key: bytes | None, value: bytes | None, partition: int | None,
                               headers: list[tuple[str, bytes]] | None) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -65,6 +65,23 @@ class Metrics:
             "agui_consumer_lag_records",
             "Records behind the end of each assigned raw-topic partition.",
             ["topic", "partition"],
+            registry=r,
+        )
+        self.view_lag = Gauge(
+            "agui_view_lag_records",
+            "History records of each owned history partition the thread view has not"
+            " applied yet.",
+            ["partition"],
+            registry=r,
+        )
+        self.view_threads = Gauge(
+            "agui_view_threads", "Threads the thread view holds on this worker.", registry=r
+        )
+        self.api_request_seconds = Histogram(
+            "agui_api_request_seconds",
+            "Thread API requests answered by this worker, by route and status.",
+            ["route", "status"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
             registry=r,
         )
         self.per_record = PerRecordTallies()

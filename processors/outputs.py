@@ -49,6 +49,21 @@ class Incoming(NamedTuple):
     headers: Headers
 
 
+def incoming_record(message: Any) -> Incoming:
+    """The `Incoming` of a consumed Faust message (its timestamp is in seconds)."""
+    timestamp = message.timestamp
+    return Incoming(message.topic, message.partition, message.offset,
+                    None if timestamp is None else int(timestamp * 1000),
+                    message.key or b"", message.value or b"", _header_list(message.headers))
+
+
+def _header_list(headers: Any) -> Headers:
+    if not headers:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    return [(str(name), bytes(value or b"")) for name, value in items]
+
+
 class Outgoing(NamedTuple):
     topic: str
     key: bytes

@@ -39,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from processors.config import Settings
 from processors.faust_adaptations import (
     AdaptedApp,
+    apply_each,
     resumed_coroutine,
     send_in_transaction,
     transactional_id,
@@ -46,14 +47,23 @@ from processors.faust_adaptations import (
 from processors.health import Liveness
 from processors.kafka_client import faust_credentials
 from processors.metrics import Metrics
-from processors.outputs import Incoming, Outgoing, OutputBuilder
+from processors.outputs import Outgoing, OutputBuilder, incoming_record
 from processors.record_processor import (
     RecordProcessor,
     StateChange,
     StoredTables,
 )
 from processors.safe_logging import log_exception_kind
-from topics.declarations import STATE_TABLE, TEXT_TABLE, idle_ticks_topic
+from processors.tenant_tokens import TenantTokens
+from processors.thread_view import ThreadView
+from processors.thread_view_service import measure_view, serve_thread_view
+from topics.declarations import (
+    STATE_TABLE,
+    TABLE_NAMES,
+    TEXT_TABLE,
+    VIEW_TABLE,
+    idle_ticks_topic,
+)
 
 log = logging.getLogger("agui_stream")
 
@@ -103,12 +113,13 @@ class WorkerCommitBatch:
 
     def __init__(self, parts: list[PartitionBatch], send: Callable[..., Awaitable[Any]],
                  tables: dict[str, WriteBehindTable], app: AdaptedApp,
-                 processor: RecordProcessor) -> None:
+                 processor: RecordProcessor, view: ThreadView) -> None:
         self.parts = parts
         self._send = send
         self.tables = tables
         self.app = app
         self.processor = processor
+        self.view = view
         self._sent: list[tuple[StateChange, Any]] = []  # with their delivery futures
 
     async def send(self) -> None:
@@ -134,10 +145,12 @@ class WorkerCommitBatch:
         except Exception:
             stop_without_commit("state changes that were not delivered")
         assigned = {tp.partition for tp in self.app.consumer.assignment()}
+        applied = [(change, metadata) for change, metadata in delivered
+                   if metadata.partition in assigned]
         for name, table in self.tables.items():
-            table.apply_sent([(change, metadata) for change, metadata in delivered
-                              if change.table == name and metadata.partition in assigned])
+            table.apply_sent([sent for sent in applied if sent[0].table == name])
         self.processor.drop_deleted_keys()
+        self.view.changes_applied(change for change, _ in applied if change.table == VIEW_TABLE)
 
 
 def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> Any:
@@ -178,6 +191,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
     app: AdaptedApp = faust_app(settings)
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     ticks = idle_ticks_topic(settings.app_id)
+    own_topics = frozenset((ticks, settings.history_topic))  # written and read by workers
     if settings.input_pattern is not None:
         source = app.topic(
             pattern=re.compile(rf"^{re.escape(ticks)}$|(?:{settings.input_pattern})"), **raw
@@ -190,7 +204,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         name: WriteBehindTable(app, name=name, beacon=app.tables.beacon,
                                partitions=settings.partitions, key_type=bytes,
                                value_type=bytes)
-        for name in (STATE_TABLE, TEXT_TABLE)
+        for name in TABLE_NAMES
     }
     for table in tables.values():
         app.tables.add(table)
@@ -200,6 +214,10 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         builder, metrics, StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
         tenant_header=settings.tenant_header, default_tenant=settings.default_tenant,
         idle_timeout=settings.idle_timeout_seconds)
+    view = ThreadView(tables[VIEW_TABLE], partitions=settings.partitions,
+                      retention_seconds=settings.view_retention_seconds)
+    tokens = None if settings.tokens_file is None else TenantTokens.load(settings.tokens_file)
+    serve_thread_view(app, settings, metrics, view, tokens)
     # What each partition's records produced since the last commit.
     unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
 
@@ -210,13 +228,11 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         """One record, start to ack. Synchronous: no commit can start while it runs."""
         clock = time.perf_counter()
         message = event.message
-        record = Incoming(
-            message.topic, message.partition, message.offset,
-            None if message.timestamp is None else int(message.timestamp * 1000),
-            message.key or b"", message.value or b"", _header_list(message.headers),
-        )
+        record = incoming_record(message)
         if message.topic == ticks:
-            produced = processor.sweep(message.partition, time.time(), record)
+            now = time.time()
+            produced = processor.sweep(message.partition, now, record)
+            view.expire(message.partition, now)
             event.ack()
         else:
             produced = processor.process(record, time.time())
@@ -227,19 +243,10 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
 
     @app.agent(source)
     async def process(stream: Any) -> None:
-        boundary = app.record_boundary
         agent_streams.append(stream)
         if settings.test_stall_agent:  # test only: input waits, nothing is processed
             await asyncio.Event().wait()
-        # The stream itself, not `stream.events()` (one async generator less per
-        # record); its current event is the record's.
-        async for _value in stream:
-            event = stream.current_event
-            if boundary.locked():  # a commit is in progress: the record waits for its end
-                async with boundary:
-                    apply(event)
-            else:
-                apply(event)
+        await apply_each(stream, app.record_boundary, apply)
 
     producer = app.producer
     # Any topic of the agent's group gives a partition's transactional id.
@@ -249,12 +256,13 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         """Between two records: what the records since the last commit produced and
         changed, per partition, with the partition's transaction."""
         parts = []
-        for partition in sorted(set(unsent) | set(processor.dirty_partitions())):
+        for partition in sorted(set(unsent) | set(processor.dirty_partitions())
+                                | set(view.dirty_partitions())):
             transaction = (transactional_id(app, group_topic, partition)
                            if app.in_transaction else None)
             parts.append(PartitionBatch(partition, transaction, unsent.pop(partition, []),
-                                        processor.changes(partition)))
-        return WorkerCommitBatch(parts, send, tables, app, processor)
+                                        processor.changes(partition) + view.changes(partition)))
+        return WorkerCommitBatch(parts, send, tables, app, processor, view)
 
     app.take_commit = take_commit
 
@@ -297,10 +305,11 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
             committed = getattr(consumer, "_committed_offset", {})
             for tp in consumer.assignment():
                 end = consumer.highwater(tp)
-                if not _is_input(app, ticks, tp.topic) or end is None:
+                if not _is_input(app, own_topics, tp.topic) or end is None:
                     continue  # internal, or not fetched yet
                 lag = max(0, end - (committed.get(tp) or 0))
                 metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+            measure_view(app, settings, metrics, view)
         except Exception as error:
             log_exception_kind(log, logging.WARNING, "could not measure consumer lag", error)
 
@@ -309,6 +318,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         # Committed first (WholeRecordConsumer); anything since is processed again.
         unsent.clear()
         processor.forget()
+        view.forget()
 
     assigned_once = {"done": False}
 
@@ -322,7 +332,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         """Feed liveness: records processed so far, and the input partitions with
         records waiting (not yet fetched, or delivered and not yet processed)."""
         try:
-            lagging = await _lagging_partitions(app, ticks)
+            lagging = await _lagging_partitions(app, own_topics)
             queued = sum(stream.channel.queue.qsize() for stream in agent_streams)
             if queued:
                 lagging.append(f"{queued} record(s) queued for the agent")
@@ -353,7 +363,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
                   else "rebalancing" if app.rebalancing
                   else "recovering tables" if app.in_recovery else "")
         return web.json({"ready": not reason, "reason": reason or "ready",
-                         "inputPartitions": _input_partitions(app, ticks)},
+                         "inputPartitions": _input_partitions(app, own_topics)},
                         status=503 if reason else 200)
 
     @app.page("/healthz")
@@ -362,7 +372,7 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         healthy, reason = alive()
         return web.json({"ok": healthy, "reason": reason,
                          "processed": metrics.per_record.records() > 0,
-                         "inputPartitions": _input_partitions(app, ticks)},
+                         "inputPartitions": _input_partitions(app, own_topics)},
                         status=200 if healthy else 503)
 
     return app
@@ -499,15 +509,15 @@ def _driven_by(awaitable: Any) -> Any:
     return None
 
 
-def _input_partitions(app: faust.App, ticks: str) -> int:
+def _input_partitions(app: faust.App, own_topics: frozenset[str]) -> int:
     """How many input partitions this worker owns now (0 before it joined the group)."""
     try:
-        return sum(_is_input(app, ticks, tp.topic) for tp in app.consumer.assignment())
+        return sum(_is_input(app, own_topics, tp.topic) for tp in app.consumer.assignment())
     except Exception:  # no consumer yet: starting
         return 0
 
 
-async def _lagging_partitions(app: faust.App, ticks: str) -> list[str]:
+async def _lagging_partitions(app: faust.App, own_topics: frozenset[str]) -> list[str]:
     """Assigned input partitions with records waiting for this worker: records not
     yet handed to the agent (the consumer's position below the partition's end),
     or handed over and not yet processed (unacked: the worker acks each record as
@@ -517,7 +527,8 @@ async def _lagging_partitions(app: faust.App, ticks: str) -> list[str]:
     waiting = {message.tp for message in list(getattr(consumer, "_unacked_messages", ()))
                if not message.acked}
     lagging: list[str] = []
-    inputs = [tp for tp in sorted(consumer.assignment()) if _is_input(app, ticks, tp.topic)]
+    inputs = [tp for tp in sorted(consumer.assignment())
+              if _is_input(app, own_topics, tp.topic)]
     ends = await consumer.highwaters(*inputs) if inputs else {}
     for tp in inputs:
         end, position = ends.get(tp), await consumer.position(tp)
@@ -526,13 +537,8 @@ async def _lagging_partitions(app: faust.App, ticks: str) -> list[str]:
     return lagging
 
 
-def _is_input(app: faust.App, ticks: str, topic: str) -> bool:
-    """A raw event topic: neither the idle-ticks topic nor a table changelog."""
-    return topic != ticks and topic not in app.tables.changelog_topics
+def _is_input(app: faust.App, own_topics: frozenset[str], topic: str) -> bool:
+    """A raw event topic: not one the workers write themselves (idle ticks, history),
+    nor a table changelog."""
+    return topic not in own_topics and topic not in app.tables.changelog_topics
 
-
-def _header_list(headers: Any) -> list[tuple[str, bytes]]:
-    if not headers:
-        return []
-    items = headers.items() if isinstance(headers, dict) else headers
-    return [(str(name), bytes(value or b"")) for name, value in items]

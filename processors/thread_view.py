@@ -245,6 +245,11 @@ class ThreadView:
         """The last history offset applied on `partition` (`NOTHING_READ`: none)."""
         return self._part(partition).read_offset
 
+    def threads_held(self, partitions: Iterable[int]) -> int:
+        """How many threads the view holds on `partitions` (those the worker owns)."""
+        self._scan_stored_headers()
+        return sum(len(self._part(partition).threads) for partition in partitions)
+
     def partition_for(self, tenant: str, thread_id: str) -> int:
         return history_partition(tenant, thread_id, self.partitions)
 
@@ -336,7 +341,7 @@ class ThreadView:
         that expiring a partition never reads every key again."""
         if self._scanned:
             return
-        for key, value in list(self.stored.items()):
+        for key, value in self.stored.items():  # no writes meanwhile: synchronous
             if key[:1] != b"H" or key in self._overlay:
                 continue
             try:

@@ -28,11 +28,11 @@ class TopicSpec:
 # The service's Faust tables (processors.service), each with a changelog topic.
 STATE_TABLE = "run-state"  # per key: engine state, partition, replay guard, chunk count
 TEXT_TABLE = "run-text"  # per key: the active run's streamed text, one chunk per commit
-TABLE_NAMES = (STATE_TABLE, TEXT_TABLE)
 # The thread view's table (processors.thread_view), co-partitioned with the history
 # topic: per thread a header, its messages and run summaries; per partition the
 # offset read up to.
 VIEW_TABLE = "thread-view"
+TABLE_NAMES = (STATE_TABLE, TEXT_TABLE, VIEW_TABLE)
 
 
 def changelog_topic(app_id: str, table: str) -> str:
