@@ -188,7 +188,7 @@ class Settings:
             stall_seconds=float(_integer("AGUI_STALL_SECONDS", get("AGUI_STALL_SECONDS"), 5,
                                          86_400)),
             view_retention_seconds=float(_integer(
-                "AGUI_VIEW_RETENTION_SECONDS", get("AGUI_VIEW_RETENTION_SECONDS"), 60,
+                "AGUI_VIEW_RETENTION_SECONDS", get("AGUI_VIEW_RETENTION_SECONDS"), 1,
                 3650 * 86_400)),
             tokens_file=optional("AGUI_TOKENS_FILE"),
             test_stall_agent=_choice("AGUI_TEST_STALL_AGENT", get("AGUI_TEST_STALL_AGENT"),

@@ -1,7 +1,7 @@
 """The thread API's two routes, without a web framework.
 
-    GET /v1/threads/{threadId}/messages[?after=<messageId>][&min_offset=<n>]
-    GET /v1/threads/{threadId}[?min_offset=<n>]
+    GET /v1/threads/{threadId}/messages[?after=<messageId>][&min_offset=<n>][&run=<runId>]
+    GET /v1/threads/{threadId}[?min_offset=<n>][&run=<runId>]
 
 `ThreadApi` turns a request (its Authorization header, the thread id from the
 path, the query parameters) into an `ApiResponse` (status, headers, JSON body);
@@ -13,7 +13,10 @@ Consistent reads: every answer carries `historyOffset`, the last history offset
 the view has applied on the thread's partition. `min_offset=n` first waits
 (at most `max_wait` seconds) until that offset is at least n, woken by
 `ReadProgress.advanced()`, which the view's agent calls after applying records;
-if the view has not read that far by then the answer is 503.
+if the view has not read that far by then the answer is 503. `run=<runId>`
+waits the same way until that run's closing record is in the view: what an
+agent server that has just finished a run asks before starting the thread's
+next one (it knows the run, not the history offset of its closing record).
 
 Bodies name no message content; errors say what was wrong with the request,
 never what the view holds. An error inside the view is logged by kind only
@@ -65,6 +68,8 @@ class ThreadReader(Protocol):
 
     def partition_for(self, tenant: str, thread_id: str) -> int: ...
 
+    def has_run(self, tenant: str, thread_id: str, run_id: str) -> bool: ...
+
 
 class ReadProgress:
     """Wakes the requests waiting for the view to read further. Used on the event
@@ -101,7 +106,6 @@ class _Request:
     tenant: str
     thread_id: str
     partition: int
-    min_offset: int | None
     after: str | None
 
 
@@ -133,7 +137,8 @@ class ThreadApi:
                        query: Mapping[str, str]) -> ApiResponse:
         """`GET /v1/threads/{threadId}/messages`: `messages` is what the next run's
         `RunAgentInput.messages` takes."""
-        request = await self._admit(authorization, thread_id, query, ("after", "min_offset"))
+        request = await self._admit(authorization, thread_id, query,
+                                    ("after", "min_offset", "run"))
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -152,7 +157,7 @@ class ThreadApi:
     async def runs(self, authorization: str | None, thread_id: str,
                    query: Mapping[str, str]) -> ApiResponse:
         """`GET /v1/threads/{threadId}`: the thread's runs, in the order they came."""
-        request = await self._admit(authorization, thread_id, query, ("min_offset",))
+        request = await self._admit(authorization, thread_id, query, ("min_offset", "run"))
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -185,22 +190,25 @@ class ThreadApi:
         min_offset = _offset(query.get("min_offset"))
         if isinstance(min_offset, ApiResponse):
             return min_offset
+        run_id = query.get("run")
+        if run_id == "":
+            return _error(400, "run: a run id is required")
         if not thread_id:
             return _NOT_FOUND
         try:
             partition = self.reader.partition_for(tenant, thread_id)
-            request = _Request(tenant, thread_id, partition, min_offset, after)
-            if min_offset is None or await self._wait(partition, min_offset):
-                return request
-            return _error(503, "the view has not read the history up to min_offset yet",
-                          historyOffset=self.reader.read_offset(partition))
+            if min_offset is not None and not await self.progress.wait_until(
+                    lambda: self.reader.read_offset(partition) >= min_offset, self.max_wait):
+                return _error(503, "the view has not read the history up to min_offset yet",
+                              historyOffset=self.reader.read_offset(partition))
+            if run_id is not None and not await self.progress.wait_until(
+                    lambda: self.reader.has_run(tenant, thread_id, run_id), self.max_wait):
+                return _error(503, "the run's closing record is not in the view yet",
+                              historyOffset=self.reader.read_offset(partition))
+            return _Request(tenant, thread_id, partition, after)
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not admit a thread API request", error)
             return _INTERNAL
-
-    async def _wait(self, partition: int, min_offset: int) -> bool:
-        return await self.progress.wait_until(
-            lambda: self.reader.read_offset(partition) >= min_offset, self.max_wait)
 
 
 def _offset(text: str | None) -> int | ApiResponse | None:

@@ -245,6 +245,10 @@ class ThreadView:
         """The last history offset applied on `partition` (`NOTHING_READ`: none)."""
         return self._part(partition).read_offset
 
+    def has_run(self, tenant: str, thread_id: str, run_id: str) -> bool:
+        """Whether the run's closing record is in the view."""
+        return self._get(run_index_key(thread_key(tenant, thread_id), run_id)) is not None
+
     def threads_held(self, partitions: Iterable[int]) -> int:
         """How many threads the view holds on `partitions` (those the worker owns)."""
         self._scan_stored_headers()

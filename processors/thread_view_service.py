@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import aiohttp
+from yarl import URL
 
 from processors.config import Settings
 from processors.faust_adaptations import AdaptedApp, apply_each
@@ -62,7 +63,7 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                      route: Route) -> Any:
         started = time.perf_counter()
         authorization = request.headers.get("Authorization")
-        response = await _forwarded(app, tokens, request, thread_id, authorization)
+        response = await _forwarded(app, view, tokens, request, thread_id, authorization)
         if response is None:
             response = await route(authorization, thread_id, dict(request.query))
         metrics.api_request_seconds.labels(name, str(response.status)).observe(
@@ -81,22 +82,23 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
     return api
 
 
-async def _forwarded(app: AdaptedApp, tokens: TenantTokens | None, request: Any,
-                     thread_id: str, authorization: str | None) -> ApiResponse | None:
+async def _forwarded(app: AdaptedApp, view: ThreadView, tokens: TenantTokens | None,
+                     request: Any, thread_id: str,
+                     authorization: str | None) -> ApiResponse | None:
     """The owner's answer when another worker owns the thread's partition; None when
     this one does (or the request cannot be admitted: the API answers that)."""
     tenant = tokens.tenant_for(authorization) if tokens is not None else None
     if tenant is None or request.headers.get(_FORWARDED):
         return None
     try:
-        owner = app.router.key_store(VIEW_TABLE, f"{tenant}/{thread_id}".encode())
-    except KeyError:  # no assignment known yet
-        return _NOT_HERE
-    if (owner.host, owner.port) == (app.conf.canonical_url.host, app.conf.canonical_url.port):
-        return None
-    url = request.url.with_scheme(owner.scheme).with_host(owner.host or "").with_port(
-        owner.port)
-    try:
+        owner = _owner(app, view.partition_for(tenant, thread_id))
+        if owner is None:  # no assignment known yet
+            return _NOT_HERE
+        here = app.conf.canonical_url
+        if (owner.host, owner.port) == (here.host, here.port):
+            return None
+        url = request.url.with_scheme(owner.scheme).with_host(owner.host or "").with_port(
+            owner.port)
         async with app.http_client.get(
                 url, headers={"Authorization": authorization or "", _FORWARDED: "1"},
                 timeout=aiohttp.ClientTimeout(total=30)) as reply:
@@ -108,6 +110,15 @@ async def _forwarded(app: AdaptedApp, tokens: TenantTokens | None, request: Any,
         log_exception_kind(log, logging.WARNING, "could not forward a thread API request",
                            error)
         return _NOT_HERE
+
+
+def _owner(app: AdaptedApp, partition: int) -> URL | None:
+    """The URL of the worker that owns `partition` of the view's table, as the group's
+    last assignment says (every worker learns it)."""
+    for url, topics in app.router.table_metadata(VIEW_TABLE).items():
+        if any(partition in partitions for partitions in topics.values()):
+            return URL(url)
+    return None
 
 
 def measure_view(app: AdaptedApp, settings: Settings, metrics: Metrics,

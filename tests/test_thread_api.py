@@ -155,6 +155,32 @@ def test_a_request_waits_until_the_view_reads_its_min_offset() -> None:
     assert response.body["messages"][-1]["id"] == "m7"
 
 
+def test_a_request_for_a_run_waits_for_its_closing_record() -> None:
+    """What an agent server asks before a thread's next run: it knows the run it has
+    just finished, not the offset of its closing record."""
+    view, history = fed_view()
+    thread_api = ThreadApi(view, TOKENS, max_wait=30.0)
+
+    async def scenario() -> ApiResponse:
+        request = asyncio.create_task(thread_api.runs(ACME, "t1", {"run": "r3"}))
+        records = history.run("t1", "r3", [user("m7"), assistant("m8")])
+        for record in records:
+            await asyncio.sleep(0)
+            assert not request.done()  # not before the closing record
+            feed(view, [record])
+            thread_api.progress.advanced()
+        return await asyncio.wait_for(request, 1.0)
+
+    response = asyncio.run(scenario())
+    assert response.status == 200 and response.body["runs"][-1]["runId"] == "r3"
+
+
+def test_a_run_not_in_the_view_in_time_is_503_and_an_empty_run_400() -> None:
+    assert messages(api(max_wait=0.05), run="r9").status == 503
+    assert messages(api(max_wait=0.0), run="r1").status == 200
+    assert runs(api(), run="").status == 400
+
+
 def test_read_progress_wakes_every_waiter_and_only_when_reached() -> None:
     async def scenario() -> list[bool]:
         progress, offset = ReadProgress(), [0]
@@ -185,6 +211,9 @@ class BrokenReader:
 
     def partition_for(self, tenant: str, thread_id: str) -> int:
         return 0
+
+    def has_run(self, tenant: str, thread_id: str, run_id: str) -> bool:
+        return True
 
 
 @pytest.mark.parametrize("route", [messages, runs])
