@@ -186,8 +186,10 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
     )
 
 
-def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
-    """The Faust app with its tables, agent, sweep timer and web pages."""
+def create_app(settings: Settings, metrics: Metrics,
+               tokens: TenantTokens | None = None) -> AdaptedApp:
+    """The Faust app with its tables, agents, sweep timer and web pages; `tokens` are
+    the thread API's (None: the API refuses every request)."""
     app: AdaptedApp = faust_app(settings)
     raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     ticks = idle_ticks_topic(settings.app_id)
@@ -216,7 +218,6 @@ def create_app(settings: Settings, metrics: Metrics) -> AdaptedApp:
         idle_timeout=settings.idle_timeout_seconds)
     view = ThreadView(tables[VIEW_TABLE], partitions=settings.partitions,
                       retention_seconds=settings.view_retention_seconds)
-    tokens = None if settings.tokens_file is None else TenantTokens.load(settings.tokens_file)
     serve_thread_view(app, settings, metrics, view, tokens)
     # What each partition's records produced since the last commit.
     unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)

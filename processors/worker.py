@@ -115,11 +115,17 @@ def run_worker() -> int:
     from processors.faust_adaptations import UncheckedVersion, check_versions, use_uvloop
     from processors.metrics import Metrics
     from processors.service import create_app
+    from processors.tenant_tokens import TenantTokens
 
     try:
         check_versions()
+        tokens = (None if settings.tokens_file is None
+                  else TenantTokens.load(settings.tokens_file))
     except UncheckedVersion as error:
         sys.stderr.write(f"agui-stream: {error}\n")
+        return 2
+    except ConfigError as error:
+        sys.stderr.write(f"agui-stream: configuration error: {error}\n")
         return 2
 
     use_uvloop()
@@ -130,7 +136,7 @@ def run_worker() -> int:
     for noisy in ("aiokafka", "faust", "mode"):
         logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
     asyncio.run(create_topics(settings, include_inputs=False))
-    app = create_app(settings, Metrics())
+    app = create_app(settings, Metrics(), tokens)
     running = Path(settings.data_dir) / f".{settings.app_id}-running"
     if settings.store == "rocksdb://" and running.exists():
         # Killed last time: RocksDB may hold writes of transactions that were

@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from processors.service import EXIT_UNSENT
+from processors.tenant_tokens import token_line
 
 AGUI_STREAM = str(Path(sys.executable).with_name("agui-stream"))
 
@@ -338,3 +339,45 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
             await admin.close()
 
     asyncio.run(run())
+
+
+VIEW_TOKEN = "view-check-token"  # the `default` tenant's token in `view_tokens_file`
+
+
+def view_tokens_file(directory: Path) -> str:
+    """A tokens file giving the `default` tenant (records without a tenant header)
+    `VIEW_TOKEN`, for tests that read a worker's thread view."""
+    path = directory / "view-tokens"
+    path.write_text(f"{token_line('default', VIEW_TOKEN)}\n")
+    return str(path)
+
+
+def history_fold(history: list[Consumed]) -> dict[str, tuple[list[dict[str, Any]], str]]:
+    """What the thread view must hold, folded independently from the history topic:
+    per thread of the `default` tenant its messages in the order their ids first
+    came, a message id seen again replacing the earlier one in place; and the
+    thread's last run."""
+    threads: dict[str, tuple[dict[str, dict[str, Any]], list[str]]] = {}
+    for record in sorted(history, key=lambda r: (r.partition, r.offset)):
+        value = record.value
+        if value.get("threadId") is None or value["tenant"] != "default":
+            continue
+        messages, runs = threads.setdefault(value["threadId"], ({}, []))
+        if value["kind"] == "message":
+            messages[value["message"]["id"]] = value["message"]
+        else:
+            runs.append(value["runId"])
+    return {thread: (list(messages.values()), runs[-1])
+            for thread, (messages, runs) in threads.items() if runs}
+
+
+def assert_view_matches_history(worker: Worker, history: list[Consumed]) -> None:
+    """Every thread the history topic has, read through the worker's thread API
+    (waiting for its last run), is the independent fold of the history topic."""
+    for thread, (messages, last_run) in history_fold(history).items():
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{worker.port}/v1/threads/{thread}/messages?run={last_run}",
+            headers={"Authorization": f"Bearer {VIEW_TOKEN}"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            body = orjson.loads(response.read())
+        assert body["messages"] == messages, f"thread {thread} in the view"

@@ -5,7 +5,9 @@
   messages exactly once (no gap, no duplicate), runs open across a crash
   complete with the right content;
 * a second worker joins and leaves mid-stream: the results are the same (a
-  worker that finds its producer fenced exits and is restarted).
+  worker that finds its producer fenced exits and is restarted);
+* after either, the thread view holds exactly the history topic, folded
+  independently (read through the thread API).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from pathlib import Path
 import pytest
 
 from tests.run_generator import GeneratedRun, interleaved_runs
-from tests.service_harness import Consumed, Namespace, TopicReader, Worker, produce, wait_for
+from tests.service_harness import (
+    Consumed,
+    Namespace,
+    TopicReader,
+    Worker,
+    assert_view_matches_history,
+    produce,
+    view_tokens_file,
+    wait_for,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -102,7 +113,8 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     producer = BackgroundProducer(kafka_bootstrap, namespace.events, records, batch=2_000)
     # Static membership: the restarted worker takes its partitions back at once.
     worker = Worker(namespace, tmp_path, AGUI_STORE=store,
-                    AGUI_PROCESSING_GUARANTEE="exactly_once", AGUI_GROUP_INSTANCE_ID="w1")
+                    AGUI_PROCESSING_GUARANTEE="exactly_once", AGUI_GROUP_INSTANCE_ID="w1",
+                    AGUI_TOKENS_FILE=view_tokens_file(tmp_path))
     reader = TopicReader(kafka_bootstrap, namespace.history)
     producer.start()
     worker.start()
@@ -121,6 +133,7 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
                       f"all {len(runs)} closing records",
                       lambda: f"{closing_count(reader.records)} closing records read;"
                       f" worker:\n{worker.stuck_report()}")
+    assert_view_matches_history(worker, reader.records)
     worker.stop()
     assert kills == planned and worker.starts == planned + 1
     assert_exactly_once(runs, reader.records)
@@ -136,8 +149,10 @@ def test_second_worker_joining_and_leaving_changes_nothing(
     producer = BackgroundProducer(kafka_bootstrap, namespace.events, records[:half], batch=1_000)
     # A rebalance can fence a worker's partition producer (a stale owner's late
     # init); the worker then exits to be restarted, as its deployment would do.
+    tokens = view_tokens_file(tmp_path)
     first, second = (Worker(namespace, tmp_path, name=name, restarted=True,
-                            AGUI_SESSION_TIMEOUT_SECONDS="10") for name in ("first", "second"))
+                            AGUI_SESSION_TIMEOUT_SECONDS="10", AGUI_TOKENS_FILE=tokens)
+                     for name in ("first", "second"))
     reader = TopicReader(kafka_bootstrap, namespace.history)
     producer.start()
     first.start()
@@ -161,5 +176,6 @@ def test_second_worker_joining_and_leaving_changes_nothing(
                       f"all {len(runs)} closing records",
                       lambda: f"{missing_runs_report(runs, reader.records, first)}\n"
                       f"first worker:\n{first.stuck_report()}")
+    assert_view_matches_history(first, reader.records)
     first.stop()
     assert_exactly_once(runs, reader.records)

@@ -102,3 +102,15 @@ def test_hash_token_refuses_what_the_file_cannot_hold(
     monkeypatch.setattr("sys.stdin", io.StringIO(token))
     assert cli.main(["hash-token", tenant]) == 2
     assert capsys.readouterr().out == ""
+
+
+def test_a_worker_with_a_malformed_tokens_file_refuses_to_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"{token_line('acme', 'acme-token')}\nacme pasted-a-token-by-mistake\n")
+    monkeypatch.setenv("AGUI_TOKENS_FILE", str(path))
+    assert cli.main(["worker"]) == 2  # before any connection to a broker
+    error = capsys.readouterr().err
+    assert "AGUI_TOKENS_FILE" in error and "line 2" in error
+    assert "pasted-a-token-by-mistake" not in error
