@@ -179,6 +179,13 @@ def feed_with_memo(events: list[Any]) -> tuple[list[Step], bytes]:
     return feed_all(events, engine), engine.state.to_json()
 
 
+def _id_key(event: dict[str, Any]) -> str:
+    """The id field of a delta's item (junk may carry a type that is no string)."""
+    event_type = event["type"]
+    return ("toolCallId" if type(event_type) is str and event_type.startswith("TOOL")
+            else "messageId")
+
+
 @st.composite
 def repeated_deltas(draw: Any, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Some deltas repeated, as they are or changed in one key the memo looks at."""
@@ -201,10 +208,9 @@ def repeated_deltas(draw: Any, events: list[dict[str, Any]]) -> list[dict[str, A
             elif change == "untag":
                 repeat.pop("subagentRunId", None)
             elif change == "id":
-                key = "toolCallId" if event["type"].startswith("TOOL") else "messageId"
-                repeat[key] = draw(st.sampled_from(["a", "b", "c1", "m1", "orphan"]))
+                repeat[_id_key(event)] = draw(st.sampled_from(["a", "b", "c1", "m1", "orphan"]))
             elif change == "null id":
-                repeat["toolCallId" if event["type"].startswith("TOOL") else "messageId"] = None
+                repeat[_id_key(event)] = None
             elif change in ("role", "name", "toolCallName"):
                 repeat[change] = draw(st.sampled_from(["user", "assistant", "f", "g"]))
             elif change == "no delta":

@@ -375,21 +375,62 @@ def compile_clean_check(
 
     `only` narrows the clean events further to those whose keys are among
     these fields (a subset of the model's). `picked_by` names the field the
-    caller chose the model by (an event's `type`), which is not looked at.
+    caller chose the model by (an event's `type`): it must be present, and its
+    value is not looked at.
     """
-    fields = {name: spec for name, spec in model.fields.items() if only is None or name in only}
-    namespace: dict[str, Any] = {"FIELDS": frozenset(fields)}
-    terms = [] if model.open and only is None else ["FIELDS.issuperset(event)"]
-    if any(spec.required and name not in fields for name, spec in model.fields.items()):
+    compiled = _clean_terms(model, only, picked_by, ())
+    if compiled is None:
         return never_clean
+    source, namespace = compiled
+    check: CleanCheck = eval(f"lambda event: {source}", namespace)
+    check.__name__ = check.__qualname__ = f"is_clean_{model.name}"
+    check.__doc__ = source  # what it tests, for a reader at the prompt
+    return check
+
+
+PinnedCheck = Callable[[dict[str, Any], str | None, str | None], bool]
+
+
+def compile_pinned_check(
+    model: Model, only: Collection[str], picked_by: str, pinned: tuple[str, str]
+) -> PinnedCheck:
+    """The clean check narrowed to `only`, with the two string fields `pinned`
+    equal to the check's two further arguments (strings).
+
+    A pinned field outside `only` is not compared (the argument is ignored):
+    the event must lack it. Equality stands in for the field's own test, as
+    only a string equals a string.
+    """
+    compiled = _clean_terms(model, only, picked_by, pinned)
+    source, namespace = ("False", {}) if compiled is None else compiled
+    check: PinnedCheck = eval(f"lambda event, first, second: {source}", namespace)
+    check.__name__ = check.__qualname__ = f"is_pinned_{model.name}"
+    check.__doc__ = source
+    return check
+
+
+def _clean_terms(
+    model: Model, only: Collection[str] | None, picked_by: str | None, pinned: tuple[str, ...]
+) -> tuple[str, dict[str, Any]] | None:
+    """The source of a clean check and its namespace; None when nothing is clean."""
+    fields = {name: spec for name, spec in model.fields.items() if only is None or name in only}
+    if any(spec.required and name not in fields for name, spec in model.fields.items()):
+        return None
+    arguments = dict(zip(pinned, ("first", "second"), strict=True)) if pinned else {}
+    namespace: dict[str, Any] = {}
+    terms = ([] if model.open and only is None
+             else [_no_other_keys(fields, picked_by, arguments, namespace)])
     # Required fields first: a missing one ends the test soonest.
     for name, spec in sorted(fields.items(), key=lambda field: not field[1].required):
         if name == picked_by:
             continue
         key = repr(name)
-        if spec.clean is None:  # only the walk can judge a value here
+        if name in arguments:
+            assert spec.clean is _is_string, name
+            terms.append(f"event.get({key}) == {arguments[name]}")
+        elif spec.clean is None:  # only the walk can judge a value here
             if spec.required:
-                return never_clean
+                return None
             terms.append(f"{key} not in event")
         elif spec.clean is _is_anything:
             if spec.required:
@@ -403,11 +444,30 @@ def compile_clean_check(
             namespace[accepts] = spec.clean
             terms.append(f"({key} in event and {accepts}(event[{key}]))" if spec.required
                          else f"({key} not in event or {accepts}(event[{key}]))")
-    source = " and ".join(terms) or "True"
-    check: CleanCheck = eval(f"lambda event: {source}", namespace)
-    check.__name__ = check.__qualname__ = f"is_clean_{model.name}"
-    check.__doc__ = source  # what it tests, for a reader at the prompt
-    return check
+    return " and ".join(terms) or "True", namespace
+
+
+# Up to this many optional fields, counting the keys an event has among the
+# fields is cheaper than testing each of its keys against them.
+_COUNTED_OPTIONAL: Final = 4
+
+
+def _no_other_keys(fields: dict[str, Field], picked_by: str | None, pinned: Collection[str],
+                   namespace: dict[str, Any]) -> str:
+    """The term that admits no key outside `fields`.
+
+    The other terms require every required and pinned field, and the caller
+    picked the model by `picked_by`: when those are present, the event has no
+    other key exactly when its size is their number plus the optional fields
+    it carries.
+    """
+    optional = [name for name, spec in fields.items()
+                if not spec.required and name not in pinned and name != picked_by]
+    if len(optional) > _COUNTED_OPTIONAL:
+        namespace["FIELDS"] = frozenset(fields)
+        return "FIELDS.issuperset(event)"
+    present = [str(len(fields) - len(optional))] + [f"({name!r} in event)" for name in optional]
+    return f"len(event) == {' + '.join(present)}"
 
 
 def never_clean(event: dict[str, Any]) -> bool:

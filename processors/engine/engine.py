@@ -53,9 +53,9 @@ from topics.events import (
     Findings,
     Malformed,
     Model,
+    PinnedCheck,
     check_model,
-    compile_clean_check,
-    never_clean,
+    compile_pinned_check,
     protocol_version_is_foreign,
 )
 
@@ -165,7 +165,7 @@ class KeyEngine:
 
     # Slots keep the attributes inside the object: one cache line less to
     # fetch per record when a service interleaves thousands of keys.
-    __slots__ = ("_findings", "_memo_fragments", "_memo_id", "_memo_rule", "_memo_tag", "_out",
+    __slots__ = ("_findings", "_memo", "_memo_fragments", "_memo_id", "_memo_tag", "_out",
                  "content", "state")
 
     def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
@@ -184,7 +184,7 @@ class KeyEngine:
         # append to the same fragments, so the memo only skips the lookups
         # (which, with thousands of keys interleaved, are mostly cache misses).
         # tests/test_decorated_events.py checks that it decides as the handlers.
-        self._memo_rule: _Rule | None = None  # the delta's rule; None: no memo
+        self._memo: _Repeat | None = None  # the delta's type and check; None: no memo
         self._memo_id: str | None  # its id, None for an id-less chunk
         self._memo_tag: str | None  # its subagentRunId
         self._memo_fragments: Fragments
@@ -203,10 +203,9 @@ class KeyEngine:
         event_type = event.get("type") if type(event) is dict else None
         # A repeat of the last delta (see the delta memo) passes every step as
         # that one did, and appends to the same fragments.
-        memo = self._memo_rule  # set only while a run is active
-        if (memo is not None and event_type == memo.event_type and memo.repeat_check(event)
-                and event.get(memo.delta_id_key) == self._memo_id
-                and event.get("subagentRunId") == self._memo_tag):
+        memo = self._memo  # set only while a run is active
+        if (memo is not None and event_type == memo.event_type
+                and memo.check(event, self._memo_id, self._memo_tag)):
             delta = event.get("delta")
             if delta:
                 self._memo_fragments.append(delta)
@@ -230,7 +229,7 @@ class KeyEngine:
         if run is None:
             rule.outside_run(self, event_type, event)
         else:
-            self._memo_rule = None  # the run changes: where a delta goes may change with it
+            self._memo = None  # the run changes: where a delta goes may change with it
             try:
                 lanes = run.lanes
                 if lanes:
@@ -404,7 +403,7 @@ class KeyEngine:
         if run is not None:
             self.content.clear()
         self.state.run = None
-        self._memo_rule = None
+        self._memo = None
 
     def _fail(self, code: FailureCode, reason: str,
               loss: LossReason = LossReason.RUN_FAILED) -> None:
@@ -614,7 +613,7 @@ class KeyEngine:
     def _remember(self, event_type: str, item_id: str | None, tag: str | None,
                   fragments: Fragments) -> None:
         """Set the delta memo: deltas of this type, id and tag go to these fragments."""
-        self._memo_rule = _RULES[event_type]
+        self._memo = _RULES[event_type].repeats[(item_id is None) * 2 + (tag is None)]
         self._memo_id = item_id
         self._memo_tag = tag
         self._memo_fragments = fragments
@@ -838,8 +837,8 @@ def _ignore(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
 class _Rule:
     """What one event type does once its schema check has passed."""
 
-    __slots__ = ("delta_id_key", "event_type", "in_run", "is_clean", "lanes", "model",
-                 "outside_run", "quiet", "repeat_check")
+    __slots__ = ("event_type", "in_run", "is_clean", "lanes", "model", "outside_run", "quiet",
+                 "repeats")
 
     def __init__(self, event_type: str, in_run: _Handler, lanes: _Lanes,
                  outside_run: _OutsideRun = KeyEngine._stray,
@@ -851,11 +850,31 @@ class _Rule:
         self.lanes = lanes  # the pending chunk items it closes first
         self.outside_run = outside_run  # what it does when no run is active (section 3)
         self.quiet = _QUIET_STEPS[event_type]  # its Step when it decides nothing
-        # For a delta to items of `deltas`, what the delta memo needs: the clean
-        # check narrowed to a delta that only appends, and the item's id field.
-        self.repeat_check = never_clean if deltas is None else compile_clean_check(
-            self.model, deltas.delta_keys, picked_by="type")
-        self.delta_id_key = "" if deltas is None else deltas.id_key
+        # For a delta to items of `deltas`, the delta memo's checks: by whether
+        # the memo has an id and a tag (see `_Repeat`).
+        self.repeats = () if deltas is None else tuple(
+            _Repeat(self, deltas, has_id, has_tag)
+            for has_id in (True, False) for has_tag in (True, False))
+
+
+class _Repeat:
+    """What the delta memo checks a record against, for one rule and one shape of
+    memo (with or without an id, with or without a subagentRunId).
+
+    The rule's clean check narrowed to a delta that only appends, with the
+    memo's id and tag pinned: an event equal in both, or lacking the one the
+    memo lacks, and otherwise clean.
+    """
+
+    __slots__ = ("check", "event_type", "quiet")
+
+    def __init__(self, rule: _Rule, deltas: _Namespace, has_id: bool, has_tag: bool) -> None:
+        self.event_type = rule.event_type
+        self.quiet = rule.quiet
+        keys = deltas.delta_keys - {k for k, kept in ((deltas.id_key, has_id),
+                                                       ("subagentRunId", has_tag)) if not kept}
+        self.check: PinnedCheck = compile_pinned_check(
+            rule.model, keys, "type", (deltas.id_key, "subagentRunId"))
 
 
 _RULES: Final = {rule.event_type: rule for rule in (
