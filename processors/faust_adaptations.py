@@ -122,6 +122,23 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     Proof: the join/leave test (runs on stale state failed as run_not_started);
     benchmarks/rebalance_pause.py (a join paused every partition 14 s)."""
 
+    async def _fetch_records(self, consumer: aiokafka.AIOKafkaConsumer,
+                             active_partitions: set[TP], timeout: float | None = None,
+                             max_records: int | None = None) -> Any:
+        """Faust: the fetch gets the live set of active partitions, which the app's
+        loop empties and refills while the fetch waits (recovery pauses the
+        changelogs before the streams resume), and aiokafka reads an *empty* set as
+        every partition. Records of paused partitions came back, Faust skipped them
+        as inactive, and the consumer's position had passed them: lost until the
+        next seek, for good when none came (a partition stalled). Here aiokafka gets
+        a copy taken when the fetch starts, and an empty one fetches nothing.
+        Proof: tests/test_faust_adaptations.py; the join/leave stress."""
+        wanted = set(active_partitions)  # one C-level copy: atomic under the GIL
+        if not wanted:
+            return {}
+        return await super()._fetch_records(consumer, wanted, timeout=timeout,
+                                            max_records=max_records)
+
     async def _highwaters(self, partitions: list[TP]) -> Any:
         consumer = self._ensure_consumer()
         ends = await consumer.end_offsets(partitions)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -161,6 +162,41 @@ def test_an_assigned_stream_partition_is_fetched_only_after_its_seek(
         consumer.pause_partitions({stream})
         consumer.resume_partitions({stream})  # sought: resumes at once
         assert stream in consumer._get_active_partitions()
+
+    asyncio.run(scenario())
+
+
+class _Fetcher:
+    """aiokafka's fetcher as the consumer thread uses it: an empty partition set means
+    every partition. While it waits, the app's loop pauses partitions."""
+
+    def __init__(self, buffered: dict[TP, list[int]], on_wait: Any) -> None:
+        self._closed = False
+        self._subscriptions = SimpleNamespace(fetch_context=contextlib.nullcontext)
+        self.buffered = buffered
+        self.on_wait = on_wait
+
+    async def fetched_records(self, partitions: Any, timeout: float = 0,
+                              max_records: int | None = None) -> dict[TP, list[int]]:
+        self.on_wait()
+        return {tp: offsets for tp, offsets in self.buffered.items()
+                if not partitions or tp in partitions}
+
+
+def test_a_fetch_takes_only_the_partitions_active_when_it_starts() -> None:
+    """Faust handed aiokafka the live set of active partitions; emptied while the
+    fetch waited, it meant every partition, and the records of paused partitions
+    came back, were skipped as inactive and were never fetched again."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        stream, changelog = TP("events", 0), TP("state-changelog", 0)
+        active = {changelog}
+        fetcher = _Fetcher({stream: [7, 8], changelog: [3]}, on_wait=active.clear)
+        client: Any = SimpleNamespace(_closed=False, _fetcher=fetcher)
+        thread = consumer._thread
+        assert await thread._fetch_records(client, active, timeout=1.0) == {changelog: [3]}
+        fetcher.on_wait = lambda: None
+        assert await thread._fetch_records(client, set(), timeout=1.0) == {}
 
     asyncio.run(scenario())
 
