@@ -44,14 +44,16 @@ class ThreadApiUnreachable(ThreadApiError):
 
 
 def fetch_thread_messages(base_url: str, token: str, thread_id: str,
-                          after: str | None = None, *, min_offset: int | None = None,
-                          timeout: float = 10.0) -> list[Message]:
+                          after: str | None = None, *, run: str | None = None,
+                          min_offset: int | None = None,
+                          timeout: float = 15.0) -> list[Message]:
     """The thread's messages (only those after the message `after`, if given).
+    `run`: first let the view take in that run (the one the caller just finished);
     `min_offset`: first let the view read the history up to this offset."""
     if urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
         raise ValueError("base_url must be an http:// or https:// URL")
-    query = {name: str(value) for name, value in (("after", after), ("min_offset", min_offset))
-             if value is not None}
+    query = {name: str(value) for name, value in (
+        ("after", after), ("run", run), ("min_offset", min_offset)) if value is not None}
     url = (f"{base_url.rstrip('/')}/v1/threads/{urllib.parse.quote(thread_id, safe='')}"
            f"/messages{'?' + urllib.parse.urlencode(query) if query else ''}")
     request = urllib.request.Request(

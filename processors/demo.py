@@ -1,8 +1,10 @@
 """`agui-stream demo`: the service end to end on the broker at KAFKA_BOOTSTRAP_SERVERS.
 
 Creates the topics, starts a worker, replays the bundled sample runs (valid
-and broken), waits until every run has concluded, prints what came out, and
-keeps the worker running (metrics stay scrapeable) until Ctrl-C.
+and broken), waits until every run has concluded, prints what came out, then
+acts as an agent server starting the second turn of a thread from the thread
+API (its encrypted reasoning values must come back intact), and keeps the
+worker running (metrics and the API stay up) until Ctrl-C.
 `--replay-only` just produces the samples and exits (the compose demo).
 """
 
@@ -13,6 +15,7 @@ import contextlib
 import logging
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,11 +25,14 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+from ag_ui.core import RunAgentInput, UserMessage
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from processors.client import ThreadApiError, fetch_thread_messages
 from processors.config import Settings
 from processors.kafka_client import aiokafka_options
-from processors.samples import Sample, sample_runs
+from processors.samples import Sample, next_turn, sample_runs
+from processors.tenant_tokens import token_line
 from processors.worker import create_topics, load_settings
 
 
@@ -104,10 +110,45 @@ def summarize(settings: Settings, samples: list[Sample]) -> tuple[bool, str]:
         *(f"  failure  {code:32} {n}" for code, n in sorted(failures.items())),
         *(f"  warning  {code:32} {n}" for code, n in sorted(warnings.items())),
         f"encrypted values lost:   {sum(lost.values())}",
-        *(f"  {reason:41} {n}" for reason, n in sorted(lost.items())),
+        *(f"  {reason:41} {n}" for reason, n in sorted(lost.items()) if n),
         f"metrics:                 http://127.0.0.1:{settings.metrics_port}/metrics",
     ]
     return concluded >= len(samples), "\n".join(lines)
+
+
+def second_turn(settings: Settings, first: Sample, token: str) -> str:
+    """What an agent server does before a thread's next run: fetch the thread from the
+    view (waiting for the run it just finished), check that the encrypted reasoning
+    values it sent came back byte for byte, start the next run with them, and see it
+    reach the view too. Returns the report's lines."""
+    base = f"http://127.0.0.1:{settings.metrics_port}"
+    thread, run = first.thread_id, first.run_id
+    try:
+        history = fetch_thread_messages(base, token, thread, run=run)
+    except ThreadApiError as error:
+        return f"next turn: the thread API refused: {error}"
+    sent = first.encrypted_values()
+    returned = [m.encrypted_value for m in history
+                if m.role == "reasoning" and m.encrypted_value is not None]
+    intact = "identical to" if returned == sent else "DIFFERENT from"
+    turn = next_turn(first)
+    start = RunAgentInput(thread_id=thread, run_id=turn.run_id, state={}, tools=[], context=[],
+                          forwarded_props={}, messages=[*history, UserMessage(
+                              id=f"{turn.run_id}-question", role="user",
+                              content="And the next step?")])
+    asyncio.run(replay(settings, [turn]))
+    try:
+        after = fetch_thread_messages(base, token, thread, run=turn.run_id)
+    except ThreadApiError as error:
+        return f"next turn: the thread API refused: {error}"
+    return "\n".join([
+        f"next turn, started from the thread view (as an agent server would; token {token}):",
+        f"  {thread} ({first.tenant}): {len(history)} messages after {run},"
+        f" {len(returned)} encrypted reasoning value(s) {intact} what {run} sent",
+        f"  {turn.run_id} started with those {len(start.messages)} messages"
+        f" (RunAgentInput); once it finished, the view holds {len(after)}",
+        f"  curl -H 'Authorization: Bearer {token}' {base}/v1/threads/{thread}/messages",
+    ])
 
 
 def run_demo(replay_only: bool) -> int:
@@ -124,7 +165,11 @@ def run_demo(replay_only: bool) -> int:
         print(f"replayed {len(samples)} runs ({produced} events) to {settings.input_topics[0]}")
         return 0
     data_dir = Path(os.environ.get("AGUI_DATA_DIR", "var/demo-state"))
-    env = {**os.environ, "AGUI_DATA_DIR": str(data_dir)}
+    token = secrets.token_urlsafe(24)  # the demo's own tenant token, for this run only
+    tokens = data_dir.parent / "demo-tokens"
+    tokens.parent.mkdir(parents=True, exist_ok=True)
+    tokens.write_text(f"{token_line(samples[0].tenant, token)}\n")
+    env = {**os.environ, "AGUI_DATA_DIR": str(data_dir), "AGUI_TOKENS_FILE": str(tokens)}
     log_path = data_dir.parent / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
@@ -150,6 +195,7 @@ def run_demo(replay_only: bool) -> int:
         if not done:
             print(f"not every run concluded within 180 s; see {log_path}", file=sys.stderr)
             return 1
+        print(second_turn(settings, samples[0], token) + "\n", flush=True)
         print("The worker keeps running; press Ctrl-C to stop everything.", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         worker.wait()

@@ -13,10 +13,24 @@ import orjson
 
 @dataclass(frozen=True, slots=True)
 class Sample:
-    key: str
+    key: str  # <threadId>/<runId>
     tenant: str
     description: str
     values: list[bytes]
+
+    @property
+    def thread_id(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    @property
+    def run_id(self) -> str:
+        return self.key.split("/", 1)[1]
+
+    def encrypted_values(self) -> list[str]:
+        """The encrypted reasoning values the run sends, in order."""
+        events = [orjson.loads(value) for value in self.values]
+        return [e["encryptedValue"] for e in events
+                if e.get("type") == "REASONING_ENCRYPTED_VALUE"]
 
 
 def _run(thread: str, run: str, *events: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,6 +61,20 @@ def _answer(message_id: str, text: str) -> list[dict[str, Any]]:
 def _encrypted(entity: str, value: str, subtype: str = "message") -> dict[str, Any]:
     return {"type": "REASONING_ENCRYPTED_VALUE", "subtype": subtype, "entityId": entity,
             "encryptedValue": value}
+
+
+def next_turn(first: Sample) -> Sample:
+    """The next run of `first`'s thread, as its agent server would send it: a new
+    run with its own reasoning (and encrypted value) and answer."""
+    run = f"{first.run_id}-turn2"
+    events = _run(
+        first.thread_id, run,
+        *_reasoning(f"r-{run}", "Building on the last answer."),
+        _encrypted(f"r-{run}", f"gAAAAB-{run}"),
+        *_answer(f"m-{run}", "The next step."),
+    )
+    return Sample(f"{first.thread_id}/{run}", first.tenant, "second turn",
+                  [orjson.dumps(e) for e in events])
 
 
 def _valid_runs(count: int) -> list[Sample]:

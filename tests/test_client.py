@@ -60,7 +60,7 @@ def serve(api: ThreadApi) -> type[BaseHTTPRequestHandler]:
 def base_url() -> Iterator[str]:
     view = ThreadView({}, partitions=1, retention_seconds=86_400.0)
     feed(view, History().run(THREAD, "r1", [user("m1"), REASONING, assistant("m3")]))
-    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"))
+    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2)
     server = ThreadingHTTPServer(("127.0.0.1", 0), serve(api))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -77,9 +77,13 @@ def test_the_messages_come_back_as_ag_ui_models(base_url: str) -> None:
     assert messages[1].encrypted_value == REASONING["encryptedValue"]
 
 
-def test_after_and_min_offset_are_passed_on(base_url: str) -> None:
+def test_after_run_and_min_offset_are_passed_on(base_url: str) -> None:
     messages = fetch_thread_messages(base_url + "/", TOKEN, THREAD, "m1", min_offset=3)
     assert [m.id for m in messages] == ["m2", "m3"]
+    assert len(fetch_thread_messages(base_url, TOKEN, THREAD, run="r1")) == 3
+    with pytest.raises(ThreadApiError) as raised:  # a run the view never gets: 503
+        fetch_thread_messages(base_url, TOKEN, THREAD, run="r-unknown")
+    assert raised.value.status == 503
 
 
 def test_an_unknown_token_is_unauthorized_and_the_error_does_not_name_it(
