@@ -124,7 +124,8 @@ def _owner(app: AdaptedApp, partition: int) -> URL | None:
 def measure_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                  view: ThreadView) -> None:
     """Export the view's lag per owned history partition (offsets after the last record
-    it applied: 1 when caught up, the commit marker of the last transaction) and the
+    it applied: when caught up, the commit markers of the transactions that wrote to it
+    last, at most one per partition number) and the
     threads it holds."""
     consumer = app.consumer
     owned = [tp for tp in consumer.assignment() if tp.topic == settings.history_topic]
