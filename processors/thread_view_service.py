@@ -125,8 +125,7 @@ def measure_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                  view: ThreadView) -> None:
     """Export the view's lag per owned history partition (offsets after the last record
     it applied: when caught up, the commit markers of the transactions that wrote to it
-    last, at most one per partition number) and the
-    threads it holds."""
+    last, at most one per partition number) and the threads it holds."""
     consumer = app.consumer
     owned = [tp for tp in consumer.assignment() if tp.topic == settings.history_topic]
     for tp in owned:

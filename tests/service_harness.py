@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
@@ -373,11 +374,24 @@ def history_fold(history: list[Consumed]) -> dict[str, tuple[list[dict[str, Any]
 
 def assert_view_matches_history(worker: Worker, history: list[Consumed]) -> None:
     """Every thread the history topic has, read through the worker's thread API
-    (waiting for its last run), is the independent fold of the history topic."""
-    for thread, (messages, last_run) in history_fold(history).items():
+    (waiting for its last run), is the independent fold of the history topic. A
+    503 (the thread's partition moving: a worker just left) is retried."""
+    answers: dict[str, Any] = {}
+
+    def answered(thread: str, last_run: str) -> bool:
         request = urllib.request.Request(
             f"http://127.0.0.1:{worker.port}/v1/threads/{thread}/messages?run={last_run}",
             headers={"Authorization": f"Bearer {VIEW_TOKEN}"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            body = orjson.loads(response.read())
-        assert body["messages"] == messages, f"thread {thread} in the view"
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                answers[thread] = orjson.loads(response.read())
+                return True
+        except urllib.error.HTTPError as error:
+            if error.code != 503:
+                raise
+            return False
+
+    for thread, (messages, last_run) in history_fold(history).items():
+        wait_for(lambda thread=thread, run=last_run: answered(thread, run), 120,
+                 f"the view to answer for thread {thread}", worker.log_tail)
+        assert answers[thread]["messages"] == messages, f"thread {thread} in the view"
