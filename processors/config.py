@@ -142,6 +142,11 @@ class Settings:
         for name, topic in {**names, **{f"AGUI_INPUT_TOPICS ({t})": t for t in topics}}.items():
             if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic):
                 raise ConfigError(f"{name}: {topic!r} is not a valid Kafka topic name")
+        for name, topic in names.items():  # (the subscription matches the pattern's start)
+            if topic in topics or (pattern is not None and re.match(pattern, topic)):
+                raise ConfigError(f"{name}={topic!r} is also an input topic (AGUI_INPUT_TOPICS"
+                                  " or AGUI_INPUT_PATTERN): the workers would read their own"
+                                  " output as agent events")
         servers = tuple(s.strip() for s in get("KAFKA_BOOTSTRAP_SERVERS").split(",") if s.strip())
         if not servers or not all(re.fullmatch(r"[^\s:]+:\d{1,5}", s) for s in servers):
             raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must be host:port[,host:port...]")
