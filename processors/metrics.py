@@ -69,8 +69,8 @@ class Metrics:
         )
         self.view_lag = Gauge(
             "agui_view_lag_records",
-            "History records of each owned history partition the thread view has not"
-            " applied yet.",
+            "Offsets of each owned history partition after the last record the thread"
+            " view applied (when caught up: the commit markers after it).",
             ["partition"],
             registry=r,
         )
