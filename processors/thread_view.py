@@ -147,7 +147,8 @@ def _utf8(text: str) -> bytes:
 @dataclass(slots=True)
 class _Partition:
     read_offset: int
-    threads: dict[bytes, None] = field(default_factory=dict)  # thread keys known here
+    # thread key -> its last record time (ms): expiry compares times, decodes nothing
+    threads: dict[bytes, int] = field(default_factory=dict)
     dirty: dict[bytes, None] = field(default_factory=dict)  # entries to hand out
 
 
@@ -205,13 +206,14 @@ class ThreadView:
         try:
             part = self._part(partition)
             self._scan_stored_headers()
-            for thread in list(part.threads):
+            for thread, last_time in list(part.threads.items()):
+                if last_time >= cutoff:
+                    continue
                 header = self._header(thread)
-                if header is None or header.last_time < cutoff:
-                    if header is not None:
-                        self._delete_thread(part, thread, header)
-                        self.counts.expired_threads += 1
-                    del part.threads[thread]
+                if header is not None:
+                    self._delete_thread(part, thread, header)
+                    self.counts.expired_threads += 1
+                del part.threads[thread]
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not expire the threads of a"
                                " partition of the thread view", error, f" on [{partition}]")
@@ -308,7 +310,7 @@ class ThreadView:
                        "firstTime": header.open_runs.pop(run_id, when), "lastTime": when}
             self._put(part, run_key(thread, number), orjson.dumps(summary))
         self._put(part, header_key(thread), header.encode())
-        part.threads[thread] = None
+        part.threads[thread] = header.last_time
 
     def _place(self, part: _Partition, index_key: bytes, count: int) -> tuple[int, int]:
         """The position of an id (its earlier one, or a new one at the end; stored in
@@ -341,18 +343,19 @@ class ThreadView:
         return part
 
     def _scan_stored_headers(self) -> None:
-        """Once after `forget`: put every stored thread in its partition's index, so
-        that expiring a partition never reads every key again."""
+        """Once after `forget`: put every stored thread in its partition's index, with
+        its last record time, so that expiring a partition never reads every key (nor
+        decodes every header) again."""
         if self._scanned:
             return
         for key, value in self.stored.items():  # no writes meanwhile: synchronous
             if key[:1] != b"H" or key in self._overlay:
                 continue
             try:
-                partition = ThreadHeader.decode(value).partition
+                header = ThreadHeader.decode(value)
             except Exception:  # not a header this code wrote: left as it is
                 continue
-            self._part(partition).threads[key[1:]] = None
+            self._part(header.partition).threads[key[1:]] = header.last_time
         self._scanned = True
 
     def _get(self, key: bytes) -> bytes | None:
