@@ -37,7 +37,8 @@ def main() -> None:
     if not stock:
         use_uvloop()
     app = faust_app(settings, faust.App) if stock else faust_app(settings)
-    source = app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw")
+    source = (app.topic(*settings.input_topics, key_serializer="raw", value_serializer="raw")
+              if stock else app.raw_topic(*settings.input_topics))
 
     @app.agent(source)
     async def count(stream: Any) -> None:

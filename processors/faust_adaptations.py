@@ -18,16 +18,18 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 import aiokafka
 import faust
 import uvloop
 from aiokafka.errors import IllegalOperation
 from aiokafka.partitioner import DefaultPartitioner, murmur2
+from faust.exceptions import ProducerSendError
 from faust.sensors import Monitor
 from faust.transport.consumer import TopicPartitionGroup, TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.transport.producer import ProducerBuffer
 from faust.types import TP
 from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, ThrowableQueue
@@ -176,6 +178,24 @@ class LeanMonitor(Monitor):
 
     def on_send_completed(self, producer: Any, state: Any, metadata: Any) -> None:
         return None
+
+
+class RawRecords(faust.Schema[bytes, bytes]):
+    """Faust decodes every record through its codec registry (a codec lookup and a
+    payload check each for key and value) even with the raw codec; a topic with this
+    schema hands each record's bytes to its stream as they are (the agents decode
+    them themselves). Proof: service_bench.py (the adapted floor); the service tests."""
+
+    def __init__(self) -> None:
+        super().__init__(key_serializer="raw", value_serializer="raw")
+
+    def compile(self, app: Any, *, on_key_decode_error: Any = None,
+                on_value_decode_error: Any = None, default_propagate: bool = False) -> Any:
+        create_event = app.create_event
+
+        async def decode(message: Any, *, propagate: bool = False) -> Any:
+            return create_event(message.key, message.value, message.headers, message)
+        return decode
 
 
 class CachedKeyPartitioner:
@@ -348,14 +368,114 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         return committed
 
 
-class ConcurrentCommitProducer(faust_aiokafka.Producer):
-    """Faust commits each partition's transaction after the previous one (three round
-    trips each, while the agent waits); here they commit concurrently, every one
-    attempted, the first error raised after all have finished.
-    Proof: the kill and join/leave tests; service_bench.py."""
+class OutRecord(NamedTuple):
+    """A record a commit sends; `partition` None: the producer's partitioner picks it."""
+
+    topic: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+
+
+# Where a sent record landed: its batch's delivery (the batch's first offset) and its
+# place in the batch.
+Placed = tuple["asyncio.Future[Any]", int]
+
+
+class UnthreadedProducerBuffer(ProducerBuffer):
+    """Faust's producer buffer measures itself before the conductor hands over each
+    record, reading the `producer_threaded` setting through the settings registry
+    every time (2-3 % of the worker's loop); the worker never threads its producer,
+    so here its size is its queue's. Proof: service_bench.py (the adapted floor)."""
+
+    @property
+    def size(self) -> int:
+        return self.pending.qsize()
+
+
+class CommitProducer(faust_aiokafka.Producer):
+    """The producer of the worker's commits."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.app.conf.producer_threaded:
+            raise ValueError("the worker's producer is not threaded (producer_threaded)")
+        buffer = UnthreadedProducerBuffer(loop=self.loop, beacon=self.beacon)
+        buffer.app = self.app
+        self.buffer = buffer
+
+    async def send_batched(self, records: list[OutRecord],
+                           transactional_id: str | None) -> list[Placed]:
+        """Faust sends record by record: a lock, a signal, a future and a metadata
+        tuple each, and the worker sends about one record per input record at a
+        commit. Here a commit's records go to each partition as whole batches (one
+        future each), in `transactional_id`'s transaction (None: none), and each
+        record's place is returned in the order given.
+        Faust also begins a partition's next transaction only after committing the
+        last, so a commit failing in a rebalance left its producer between
+        transactions and every later send failed; here the send begins it.
+        Proof: the kill and join/leave tests; tests/test_service_transactions.py;
+        service_bench.py."""
+        producer: Any = (self._ensure_producer() if transactional_id is None
+                         else self._transaction_producers.get(transactional_id))
+        if producer is None:
+            raise ProducerSendError(f"no producer for transaction {transactional_id}")
+        partitioner = cast(Callable[..., int], self.partitioner)
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        partitions_of: dict[str, list[int]] = {}
+        for index, record in enumerate(records):
+            partition = record.partition
+            if partition is None:
+                known = partitions_of.get(record.topic)
+                if known is None:
+                    known = partitions_of[record.topic] = sorted(
+                        await producer.partitions_for(record.topic))
+                partition = partitioner(record.key, known, known)
+            by_partition.setdefault((record.topic, partition), []).append(index)
+        placed: list[Placed | None] = [None] * len(records)
+        for (topic, partition), indexes in by_partition.items():
+            batch, in_batch = producer.create_batch(), list[int]()
+            for index in indexes:
+                record = records[index]
+                # A batch takes records up to its size, and its first one always.
+                while batch.append(timestamp=None, key=record.key, value=record.value,
+                                   headers=record.headers) is None:
+                    await self._send_batch(producer, transactional_id, topic, partition,
+                                           batch, in_batch, placed)
+                    batch, in_batch = producer.create_batch(), []
+                in_batch.append(index)
+            await self._send_batch(producer, transactional_id, topic, partition, batch,
+                                   in_batch, placed)
+        return cast(list[Placed], placed)
+
+    async def _send_batch(self, producer: Any, transactional_id: str | None, topic: str,
+                          partition: int, batch: Any, in_batch: list[int],
+                          placed: list[Placed | None]) -> None:
+        """Send a batch (complete, so it does not linger) and place its records."""
+        batch.close()
+
+        async def send() -> asyncio.Future[Any]:
+            delivery: asyncio.Future[Any] = await producer.send_batch(
+                batch, topic, partition=partition)
+            return delivery
+
+        if transactional_id is None:
+            delivery = await send()
+        else:
+            async def send_locked() -> asyncio.Future[Any]:
+                async with self._trn_locks[transactional_id]:  # as Faust's own send
+                    return await send()
+            delivery = await _beginning_one_if_between(self, transactional_id, send_locked)
+        for place, index in enumerate(in_batch):
+            placed[index] = (delivery, place)
 
     async def commit_transactions(self, tid_to_offset_map: Any, group_id: str,
                                   start_new_transaction: bool = True) -> None:
+        """Faust commits each partition's transaction after the previous one (three
+        round trips each, while the agent waits); here they commit concurrently, every
+        one attempted, the first error raised after all have finished.
+        Proof: the kill and join/leave tests; service_bench.py."""
         outcomes = await asyncio.gather(*(
             self._commit_transaction(transaction, offsets, group_id, start_new_transaction)
             for transaction, offsets in tid_to_offset_map.items()
@@ -380,7 +500,7 @@ class ConcurrentCommitProducer(faust_aiokafka.Producer):
 
 class AdaptedTransport(faust_aiokafka.Transport):
     Consumer = WholeRecordConsumer
-    Producer = ConcurrentCommitProducer
+    Producer = CommitProducer
 
 
 class CommitBatch(Protocol):
@@ -416,6 +536,18 @@ class AdaptedApp(faust.App):
         self._owned_producers: set[str] = set()
         self.on_partitions_assigned.connect(
             self._stop_producers_of_lost_partitions)  # type: ignore[arg-type]
+
+    def raw_topic(self, *topics: str, pattern: Any = None) -> Any:
+        """A topic whose records reach the agent as bytes (`RawRecords`)."""
+        return self.topic(*topics, pattern=pattern, schema=RawRecords())
+
+    def create_event(self, key: Any, value: Any, headers: Any, message: Any) -> Any:
+        """Faust looks its Event class up in the settings registry for every record;
+        here once. Proof: service_bench.py (the adapted floor)."""
+        event_class: Any = self.__dict__.get("_adapted_event_class")
+        if event_class is None:
+            event_class = self.__dict__["_adapted_event_class"] = self.conf.Event
+        return event_class(self, key, value, headers, message)
 
     def _new_transport(self) -> Any:
         return AdaptedTransport(self.conf.broker_consumer, self)
@@ -466,16 +598,6 @@ async def apply_each(stream: Any, boundary: asyncio.Lock,
                 apply(event)
         else:
             apply(event)
-
-
-async def send_in_transaction(producer: Any, transaction: str, topic: str,
-                              key: bytes | None, value: bytes | None, partition: int | None,
-                              headers: list[tuple[str, bytes]] | None) -> Any:
-    """Faust begins a partition's next transaction only after committing the last, so a
-    commit failing in a rebalance left its producer between transactions and every
-    later send failed; here the send begins it. Proof: tests/test_service_transactions.py."""
-    return await _beginning_one_if_between(producer, transaction, lambda: producer.send(
-        topic, key, value, partition, None, headers, transactional_id=transaction))
 
 
 async def _beginning_one_if_between(producer: Any, transaction: str,

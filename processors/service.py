@@ -29,19 +29,20 @@ import threading
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, NamedTuple, NoReturn
+from collections.abc import Iterable
+from typing import Any, NamedTuple, NoReturn, cast
 
 import faust
-from faust.types import TP
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import Settings
 from processors.faust_adaptations import (
     AdaptedApp,
+    CommitProducer,
+    OutRecord,
+    Placed,
     apply_each,
     resumed_coroutine,
-    send_in_transaction,
     transactional_id,
 )
 from processors.health import Liveness
@@ -75,12 +76,8 @@ _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 class WriteBehindTable(faust.Table[bytes, bytes]):
     """A table the worker writes only through its changelog: what it sent, once
     delivered and committed, is applied to the local store the way Faust applies a
-    changelog in recovery (never through `table[key] = value`, which would send a
-    changelog record per write)."""
-
-    def apply_sent(self, sent: list[tuple[StateChange, Any]]) -> None:
-        entries: list[Any] = [_SentEntry(change, metadata) for change, metadata in sent]
-        self.apply_changelog_batch(entries)
+    changelog in recovery, `apply_changelog_batch` of `_SentEntry`s (never through
+    `table[key] = value`, which would send a changelog record per write)."""
 
 
 class _SentEntry:
@@ -89,12 +86,14 @@ class _SentEntry:
 
     __slots__ = ("key", "message", "offset", "partition", "tp", "value")
 
-    def __init__(self, change: StateChange, metadata: Any) -> None:
+    def __init__(self, change: StateChange, batch: Any, place: int) -> None:
+        """`batch`: the delivery metadata of the batch the change was sent in; `place`:
+        the change's place in it."""
         self.key = change.key
         self.value = change.value
-        self.partition = metadata.partition
-        self.offset = metadata.offset
-        self.tp = TP(metadata.topic, metadata.partition)
+        self.partition = batch.partition
+        self.offset = batch.offset + place
+        self.tp = batch.topic_partition
         self.message = self
 
 
@@ -111,46 +110,55 @@ class WorkerCommitBatch:
     reads a key's stored state while the key has changes in flight (it stays cached
     until `apply`, see RecordProcessor.drop_deleted_keys)."""
 
-    def __init__(self, parts: list[PartitionBatch], send: Callable[..., Awaitable[Any]],
+    def __init__(self, parts: list[PartitionBatch], producer: CommitProducer,
                  tables: dict[str, WriteBehindTable], app: AdaptedApp,
                  processor: RecordProcessor, view: ThreadView) -> None:
         self.parts = parts
-        self._send = send
+        self.producer = producer
         self.tables = tables
         self.app = app
         self.processor = processor
         self.view = view
-        self._sent: list[tuple[StateChange, Any]] = []  # with their delivery futures
+        self._sent: list[tuple[StateChange, Placed]] = []
 
     async def send(self) -> None:
-        """Each partition's records in its own transaction. If anything cannot be
-        sent, exit without a commit (see stop_without_commit)."""
+        """Each partition's records in its own transaction (Faust's
+        TransactionManager would pick it by the *output* record's partition; history
+        is keyed by thread, so it would commit apart from the input offsets). If
+        anything cannot be sent, exit without a commit (see stop_without_commit)."""
+        changelogs = {name: table.changelog_topic.get_topic_name()
+                      for name, table in self.tables.items()}
         try:
             for part in self.parts:
-                for item in part.outgoing:
-                    await self._send(item.topic, item.key, item.value, item.headers, None,
-                                     part.transaction)
-                for change in part.changes:
-                    topic = self.tables[change.table].changelog_topic.get_topic_name()
-                    delivery = await self._send(topic, change.key, change.value, None,
-                                                part.partition, part.transaction)
-                    self._sent.append((change, delivery))
+                records = [OutRecord(item.topic, None, item.key, item.value, item.headers)
+                           for item in part.outgoing]
+                records += [OutRecord(changelogs[change.table], part.partition, change.key,
+                                      change.value, None) for change in part.changes]
+                placed = await self.producer.send_batched(records, part.transaction)
+                self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
         except Exception:
             stop_without_commit("the records produced since the last commit")
 
     async def apply(self) -> None:
         """Apply the committed state changes to the local stores, as recovery would."""
+        batches: dict[asyncio.Future[Any], Any] = {}  # delivery -> the batch's metadata
         try:
-            delivered = [(change, await delivery) for change, delivery in self._sent]
+            for _change, (delivery, _place) in self._sent:
+                if delivery not in batches:
+                    batches[delivery] = await delivery
         except Exception:
             stop_without_commit("state changes that were not delivered")
         assigned = {tp.partition for tp in self.app.consumer.assignment()}
-        applied = [(change, metadata) for change, metadata in delivered
-                   if metadata.partition in assigned]
+        # Faust's stores read only what _SentEntry has of an event.
+        entries: dict[str, list[Any]] = {name: [] for name in self.tables}
+        for change, (delivery, place) in self._sent:
+            batch = batches[delivery]
+            if batch.partition in assigned:
+                entries[change.table].append(_SentEntry(change, batch, place))
         for name, table in self.tables.items():
-            table.apply_sent([sent for sent in applied if sent[0].table == name])
+            table.apply_changelog_batch(entries[name])
         self.processor.drop_deleted_keys()
-        self.view.changes_applied(change for change, _ in applied if change.table == VIEW_TABLE)
+        self.view.changes_applied(entries[VIEW_TABLE])
 
 
 def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> Any:
@@ -191,15 +199,13 @@ def create_app(settings: Settings, metrics: Metrics,
     """The Faust app with its tables, agents, sweep timer and web pages; `tokens` are
     the thread API's (None: the API refuses every request)."""
     app: AdaptedApp = faust_app(settings)
-    raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
     ticks = idle_ticks_topic(settings.app_id)
     own_topics = frozenset((ticks, settings.history_topic))  # written and read by workers
     if settings.input_pattern is not None:
-        source = app.topic(
-            pattern=re.compile(rf"^{re.escape(ticks)}$|(?:{settings.input_pattern})"), **raw
-        )
+        source = app.raw_topic(
+            pattern=re.compile(rf"^{re.escape(ticks)}$|(?:{settings.input_pattern})"))
     else:
-        source = app.topic(*settings.input_topics, ticks, **raw)
+        source = app.raw_topic(*settings.input_topics, ticks)
     # key_type/value_type bytes is what makes Faust use the raw codec for the
     # changelog in both directions (a schema alone leaves recovery on JSON).
     tables = {
@@ -249,7 +255,7 @@ def create_app(settings: Settings, metrics: Metrics,
             await asyncio.Event().wait()
         await apply_each(stream, app.record_boundary, apply)
 
-    producer = app.producer
+    producer = cast(CommitProducer, app.producer)
     # Any topic of the agent's group gives a partition's transactional id.
     group_topic = settings.input_topics[0] if settings.input_topics else ticks
 
@@ -263,23 +269,9 @@ def create_app(settings: Settings, metrics: Metrics,
                            if app.in_transaction else None)
             parts.append(PartitionBatch(partition, transaction, unsent.pop(partition, []),
                                         processor.changes(partition) + view.changes(partition)))
-        return WorkerCommitBatch(parts, send, tables, app, processor, view)
+        return WorkerCommitBatch(parts, producer, tables, app, processor, view)
 
     app.take_commit = take_commit
-
-    async def send(topic: str, key: bytes, value: bytes | None,
-                   headers: list[tuple[str, bytes]] | None, partition: int | None,
-                   transaction: str | None) -> Any:
-        """Enqueue a record in the source partition's transaction (None: no transactions).
-
-        Faust's TransactionManager would pick the transaction by the *output*
-        record's partition; history is keyed by thread, so it would commit apart
-        from the input offsets.
-        """
-        if transaction is None:
-            return await producer.send(topic, key, value, partition, None, headers)
-        return await send_in_transaction(app.consumer.transactions.producer, transaction,
-                                         topic, key, value, partition, headers)
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4))  # type: ignore[untyped-decorator]
     async def tick_own_partitions() -> None:
@@ -294,7 +286,7 @@ def create_app(settings: Settings, metrics: Metrics,
             now = str(time.time()).encode()
             for tp in app.consumer.assignment():
                 if tp.topic == ticks:
-                    await send(ticks, b"", now, None, tp.partition, None)
+                    await producer.send(ticks, b"", now, tp.partition, None, None)
         except Exception as error:  # an exception in a Faust timer would crash the worker
             log_exception_kind(log, logging.WARNING, "could not send idle ticks", error)
 

@@ -38,7 +38,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import orjson
 from ag_ui.core import Message
@@ -150,6 +150,16 @@ class _Partition:
     # thread key -> its last record time (ms): expiry compares times, decodes nothing
     threads: dict[bytes, int] = field(default_factory=dict)
     dirty: dict[bytes, None] = field(default_factory=dict)  # entries to hand out
+
+
+class Persisted(Protocol):
+    """An entry as persisted: a `StateChange`, or the worker's record of one sent."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def value(self) -> bytes | None: ...
 
 
 class ThreadView:
@@ -274,7 +284,7 @@ class ThreadView:
         part.dirty.clear()
         return changes
 
-    def changes_applied(self, changes: Iterable[StateChange]) -> None:
+    def changes_applied(self, changes: Iterable[Persisted]) -> None:
         """`changes` are in the stored mapping now: reads go to it for the entries not
         changed again since (an entry changed back to the same value may go too)."""
         for change in changes:

@@ -47,8 +47,7 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                       view: ThreadView, tokens: TenantTokens | None) -> ThreadApi:
     """Add the history agent and the API's routes to `app`; the API they serve."""
     api = ThreadApi(view, tokens)
-    history = app.topic(settings.history_topic, key_serializer="raw",
-                        value_serializer="raw")
+    history = app.raw_topic(settings.history_topic)
 
     def apply(event: Any) -> None:
         view.apply(incoming_record(event.message))

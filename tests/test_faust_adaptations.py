@@ -20,9 +20,11 @@ from processors.config import Settings
 from processors.faust_adaptations import (
     AdaptedApp,
     CachedKeyPartitioner,
-    ConcurrentCommitProducer,
+    CommitProducer,
     LeanMonitor,
+    RawRecords,
     UncheckedVersion,
+    UnthreadedProducerBuffer,
     WholeRecordConsumer,
     check_versions,
     transactional_id,
@@ -75,10 +77,31 @@ def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
     app = faust_app(Settings.from_env({}))
     assert isinstance(app, AdaptedApp)
     assert isinstance(app.consumer, WholeRecordConsumer)
-    assert isinstance(app.producer, ConcurrentCommitProducer)
+    assert isinstance(app.producer, CommitProducer)
     assert app.consumer.transactions.producer is app.producer
     assert isinstance(app.monitor, LeanMonitor)
     assert isinstance(app.producer.partitioner, CachedKeyPartitioner)
+    assert isinstance(app.producer.buffer, UnthreadedProducerBuffer)
+
+
+def test_a_raw_topic_hands_its_records_bytes_to_the_stream_as_they_are() -> None:
+    app = faust_app(Settings.from_env({}))
+    topic = app.raw_topic("events")
+    assert isinstance(topic.schema, RawRecords)
+    message = SimpleNamespace(key=b"\xffkey", value=b'{"not": json', headers=[("h", b"1")])
+    event = asyncio.run(topic.decode(message))
+    assert isinstance(event, app.conf.Event)
+    assert (event.key, event.value, event.headers, event.message) == (
+        b"\xffkey", b'{"not": json', {"h": b"1"}, message)
+    empty = asyncio.run(topic.decode(SimpleNamespace(key=None, value=None, headers=[])))
+    assert (empty.key, empty.value) == (None, None)
+
+
+def test_the_unthreaded_producer_buffer_measures_its_queue() -> None:
+    buffer = faust_app(Settings.from_env({})).producer.buffer
+    assert buffer.size == 0
+    buffer.pending.put_nowait(object())
+    assert buffer.size == 1
 
 
 @settings(max_examples=300, deadline=None)

@@ -3,8 +3,9 @@ commit and a stop leave.
 
 A rebalance can fail a commit after it ended a partition's transaction and
 before Faust began the next one; every later send of that partition then
-raised `IllegalOperation` and the agent crash-looped. `send_in_transaction`
-must begin the transaction itself, and what it sends must commit.
+raised `IllegalOperation` and the agent crash-looped. `CommitProducer.send_batched`
+must begin the transaction itself, and what it sends must commit; it sends whole
+batches, and each record's place must be where the record landed.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from functools import partial
 from typing import Any
 
 import faust
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import IllegalOperation
+from aiokafka.partitioner import DefaultPartitioner
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from processors.faust_adaptations import AdaptedApp, send_in_transaction
+from processors.faust_adaptations import AdaptedApp, OutRecord
 from tests.service_harness import TopicReader, create_topic
 
 
@@ -45,12 +48,13 @@ async def _producer_in_a_transaction(bootstrap: str, app_class: type[faust.App],
 
 async def _send_between_transactions(bootstrap: str, topic: str,
                                      repair: bool) -> None:
-    async with _producer_in_a_transaction(bootstrap, faust.App) as (producer, transactional_id):
+    app_class = AdaptedApp if repair else faust.App
+    async with _producer_in_a_transaction(bootstrap, app_class) as (producer, transactional_id):
         # What a commit that fails before beginning the next transaction leaves.
         await producer.commit_transaction(transactional_id)
         if repair:
-            await send_in_transaction(producer, transactional_id, topic, b"key", b"{}", 0,
-                                      [("h", b"1")])
+            await producer.send_batched([OutRecord(topic, 0, b"key", b"{}", [("h", b"1")])],
+                                        transactional_id)
         else:
             await producer.send(topic, b"key", b"{}", 0, None, None,
                                 transactional_id=transactional_id)
@@ -113,3 +117,39 @@ def test_faust_fails_to_commit_offsets_after_the_transactions_ended(
     with pytest.raises(IllegalOperation, match="Not in the middle of a transaction"):
         asyncio.run(_commit_offsets_after_the_transaction_ended(
             kafka_bootstrap, topic, group, faust_aiokafka.Producer))
+
+
+async def _send_batched(bootstrap: str, topic: str, records: list[OutRecord],
+                        ) -> list[tuple[int, int]]:
+    """Send `records` in one transaction; each record's (partition, offset) as placed."""
+    async with _producer_in_a_transaction(bootstrap, AdaptedApp) as (producer, transactional_id):
+        placed = await producer.send_batched(records, transactional_id)
+        landed = [((batch := await delivery).partition, batch.offset + place)
+                  for delivery, place in placed]
+        await producer.commit_transaction(transactional_id)
+    return landed
+
+
+def test_batched_records_land_where_they_are_placed(kafka_bootstrap: str) -> None:
+    """Records to a given partition and keyed ones, more than one batch holds (Faust's
+    default batch is 16 KiB): each is read back at the partition and offset its
+    place says, keyed ones on the partition Kafka's default partitioner picks."""
+    topic = f"txn-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 3)
+    records = [OutRecord(topic, None if number % 3 else 1, f"key-{number % 7}".encode(),
+                         orjson.dumps({"n": number, "pad": "x" * 1000}),
+                         [("n", str(number).encode())])
+               for number in range(60)]
+    landed = asyncio.run(_send_batched(kafka_bootstrap, topic, records))
+    reader = TopicReader(kafka_bootstrap, topic, partitions=3)
+    read = reader.wait_until(lambda recs: len(recs) >= len(records), 30, "every record")
+    where = {(r.partition, r.offset): r for r in read}
+    partitioner = DefaultPartitioner()
+    for record, (partition, offset) in zip(records, landed, strict=True):
+        found = where[(partition, offset)]
+        assert found.key == record.key and found.headers == dict(record.headers or [])
+        assert found.value == orjson.loads(record.value or b"null")
+        if record.partition is None:
+            assert partition == partitioner(record.key, [0, 1, 2], [0, 1, 2])
+        else:
+            assert partition == record.partition
