@@ -224,6 +224,51 @@ def test_a_fetch_takes_only_the_partitions_active_when_it_starts() -> None:
     asyncio.run(scenario())
 
 
+def test_a_fetch_takes_what_fits_above_the_pressure_mark_and_polls_while_one_waits(
+) -> None:
+    """Faust took every buffered record in one fetch, and its tail waited for room in
+    the stream's queue record by record; and while a partition waited for its queue
+    to drain, a fetch of the others waited out its whole timeout."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        asked: list[tuple[float, int | None]] = []
+
+        class Recording(_Fetcher):
+            async def fetched_records(self, partitions: Any, timeout: float = 0,
+                                      max_records: int | None = None,
+                                      ) -> dict[TP, list[int]]:
+                asked.append((timeout, max_records))
+                return {}
+        client: Any = SimpleNamespace(
+            _closed=False, _fetcher=Recording({}, on_wait=lambda: None))
+        thread, stream = consumer._thread, TP("events", 0)
+        maxsize = consumer.app.conf.stream_buffer_maxsize  # 4096; pressure mark 3276
+        headroom = maxsize - int(maxsize / 1.25)
+        await thread._fetch_records(client, {stream}, timeout=1.0)
+        await thread._fetch_records(client, {stream}, timeout=1.0, max_records=10)
+        consumer._buffered_partitions.add(TP("events", 1))  # its queue is under pressure
+        await thread._fetch_records(client, {stream}, timeout=1.0)
+        consumer.app.in_recovery = True  # recovery's fetches are left as they are
+        await thread._fetch_records(client, {stream}, timeout=1.0)
+        assert asked == [(1.0, headroom), (1.0, 10), (0.05, headroom), (1.0, None)]
+
+    asyncio.run(scenario())
+
+
+def test_with_every_partition_waiting_for_its_queue_the_consumer_looks_again_soon(
+) -> None:
+    """Faust slept a whole second when no partition was left to fetch."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        stream = TP("events", 0)
+        consumer._buffered_partitions.add(stream)  # and none active
+        clock = asyncio.get_running_loop().time()
+        assert await consumer._wait_next_records(1.0) == ({}, set())
+        assert asyncio.get_running_loop().time() - clock < 0.5
+
+    asyncio.run(scenario())
+
+
 def test_a_delivery_that_completes_at_once_wins_without_a_task() -> None:
     async def scenario() -> None:
         consumer = await _consumer()
