@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -76,28 +77,41 @@ class Scraper(threading.Thread):
         return {p for p, count in last.items() if count > first.get(p, 0.0)}
 
 
+class Pause(NamedTuple):
+    seconds: float
+    begins: float  # monotonic
+    ends: float
+
+
 def longest_pause(progress: list[tuple[float, float]], start: float, end: float,
-                  produced: float) -> float:
+                  produced: float) -> Pause:
     """Longest time in [start, end] between two samples where the count grew (or
     the window's start). A growth before the window counts as the start: a
     partition the counted workers last processed before the window (it was
     elsewhere) pauses from the window's start, not from that growth.
 
     Measured only while records remained for the partition."""
-    longest = 0.0
+    longest = Pause(0.0, start, start)
     last_growth = start
     previous = None
     for at, count in progress:
         if previous is not None and count > previous:
-            if at >= start:
-                longest = max(longest, at - max(last_growth, start))
+            if at >= start and at - max(last_growth, start) > longest.seconds:
+                longest = Pause(at - max(last_growth, start), max(last_growth, start), at)
             last_growth = at
         previous = count
         if at > end:
-            return max(longest, end - max(last_growth, start))
+            if end - max(last_growth, start) > longest.seconds:
+                longest = Pause(end - max(last_growth, start), max(last_growth, start), end)
+            return longest
         if count >= produced:
             return longest  # nothing left to process: not a pause
     return longest
+
+
+def wall_clock(monotonic: float) -> str:
+    at = time.time() - (time.monotonic() - monotonic)
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}"
 
 
 def main() -> int:
@@ -110,6 +124,9 @@ def main() -> int:
                         help="static membership (AGUI_GROUP_INSTANCE_ID): a worker that"
                         " stops does not leave the group; its partitions wait out the"
                         " session timeout (10 s here)")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print each partition's longest pause as wall-clock times,"
+                        " to line it up with the workers' logs")
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="agui-rebalance-pause-"))
     print(f"worker logs: {log_dir}")
@@ -158,10 +175,14 @@ def main() -> int:
                   for p in range(args.partitions)}
         for group, members in (("moved", moved), ("stayed", set(pauses) - moved)):
             if members:
-                worst = max(pauses[p] for p in members)
-                listed = ", ".join(f"{p}: {pauses[p]:.1f}" for p in sorted(members))
+                worst = max(pauses[p].seconds for p in members)
+                listed = ", ".join(f"{p}: {pauses[p].seconds:.1f}" for p in sorted(members))
                 print(f"  {event:5} {group:6} partitions: longest pause {worst:5.1f} s"
                       f" ({listed})")
+        if args.timeline:  # to line the pauses up with the workers' logs
+            for p, pause in sorted(pauses.items()):
+                begins, ends = (wall_clock(pause.begins), wall_clock(pause.ends))
+                print(f"    {event} partition {p}: no record from {begins} to {ends}")
     return 0
 
 
