@@ -35,7 +35,8 @@ and every worker it starts is stopped before it exits.
    batch seen is excluded), for the baselines and the worker alike.
 2. **Changelog bytes per input byte.** One run, one key: RUN_STARTED,
    REASONING_MESSAGE_START, D (10,000) REASONING_MESSAGE_CONTENT deltas of
-   20-200 bytes, REASONING_MESSAGE_END, RUN_FINISHED; after its closing record
+   20-200 bytes, REASONING_MESSAGE_END, RUN_FINISHED, produced in ten slices,
+   each once the last one's text chunk is committed; after its closing record
    is committed, the key+value bytes of every record of the worker's
    ``run-state`` and ``run-text`` changelogs for that key are summed and divided
    by the key+value bytes of the input records. Again with 5-byte deltas (the
@@ -543,6 +544,9 @@ def one_message_run(key: str, deltas: int, delta: Callable[[int], str]) -> list[
     return [orjson.dumps(e) for e in events]
 
 
+_SLICES = 10  # the changelog part's message arrives in this many slices, a commit apart
+
+
 def part_changelog(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
                    deltas: int, seed: int) -> list[dict[str, Any]]:
     print(f"\n== 2. changelog bytes per input byte, one message of {deltas:,} deltas ==")
@@ -558,10 +562,18 @@ def part_changelog(bootstrap: str, log_dir: Path, workers: list[Worker], prefixe
             values = one_message_run(key.decode(), deltas, delta)
             input_bytes = sum(len(key) + len(v) for v in values)
             delta_bytes = input_bytes - sum(len(key) + len(v) for v in values[:2] + values[-2:])
-            produce(bootstrap, ns.events, ((key, v, []) for v in values))
-            processed += len(values)
-            wait_for(lambda target=processed: worker.processed() >= target, 300,  # type: ignore[misc]
-                     f"worker to process {processed} records", worker.log_tail)
+            # In slices, each after the last one's text chunk is committed: the message
+            # streams across commits as a slow producer's would, not within one.
+            size = math.ceil(len(values) / _SLICES)
+            for start in range(0, len(values), size):
+                produce(bootstrap, ns.events, ((key, v, []) for v in values[start:start + size]))
+                processed += len(values[start:start + size])
+                wait_for(lambda target=processed: worker.processed() >= target, 300,  # type: ignore[misc]
+                         f"worker to process {processed} records", worker.log_tail)
+                if start + size < len(values):
+                    wait_for(lambda k=key, n=start // size + 1: sum(  # type: ignore[misc]
+                        1 for ck, _ in read_topic(bootstrap, f"{ns.app_id}-run-text-changelog")
+                        if k in ck) >= n, 60, "the slice's text chunk", worker.log_tail)
             # The closing record commits in the transaction of the last record's changelog
             # writes: once it is readable, so is all of this run's changelog.
             wait_for(lambda k=key: any(k in hk and b'"kind":"run"' in (hv or b"")

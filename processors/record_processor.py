@@ -35,7 +35,7 @@ from processors.stored_keys import (
     decode_chunk,
     decode_legacy_state,
     decode_state,
-    encode_chunk,
+    encode_chunks,
     encode_state,
     legacy_text_keys,
     partition_of,
@@ -289,9 +289,12 @@ class RecordProcessor:
         if cleared or not run_active:
             cached.chunks = 0  # the chunks stored so far are an earlier run's
         if fresh and run_active and not cached.freed:
-            yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks),
-                              encode_chunk(fresh))
-            cached.chunks += 1
+            # Within the largest record the changelog takes: a long message streamed
+            # between two commits made a chunk the broker refused (the worker could
+            # not commit, and the replay refused it again).
+            for chunk in encode_chunks(fresh, self.builder.max_record_bytes):
+                yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks), chunk)
+                cached.chunks += 1
         for stale in cached.stale_texts:
             yield StateChange(TEXT_TABLE, stale, None)
         cached.stale_texts = []

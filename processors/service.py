@@ -136,8 +136,8 @@ class WorkerCommitBatch:
                                       change.value, None) for change in part.changes]
                 placed = await self.producer.send_batched(records, part.transaction)
                 self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
-        except Exception:
-            stop_without_commit("the records produced since the last commit")
+        except Exception as error:
+            stop_without_commit("the records produced since the last commit", error)
 
     async def apply(self) -> None:
         """Apply the committed state changes to the local stores, as recovery would."""
@@ -146,8 +146,8 @@ class WorkerCommitBatch:
             for _change, (delivery, _place) in self._sent:
                 if delivery not in batches:
                     batches[delivery] = await delivery
-        except Exception:
-            stop_without_commit("state changes that were not delivered")
+        except Exception as error:
+            stop_without_commit("state changes that were not delivered", error)
         assigned = {tp.partition for tp in self.app.consumer.assignment()}
         # Faust's stores read only what _SentEntry has of an event.
         entries: dict[str, list[Any]] = {name: [] for name in self.tables}
@@ -371,7 +371,7 @@ def create_app(settings: Settings, metrics: Metrics,
     return app
 
 
-def stop_without_commit(what: str) -> NoReturn:
+def stop_without_commit(what: str, error: BaseException) -> NoReturn:
     """Exit at once: `what` could not be sent, so the records behind it must not commit.
 
     Faust would go on without them (and, on a graceful stop, commit past
@@ -381,8 +381,8 @@ def stop_without_commit(what: str) -> NoReturn:
     cannot send leads here, never a record's content.
     """
     # The exception's type and frames only: its message could quote content.
-    log.critical("could not send %s; exiting without a commit so that they are processed"
-                 " again after a restart", what, stack_info=True)
+    log_exception_kind(log, logging.CRITICAL, f"could not send {what}; exiting without a"
+                       " commit so that they are processed again after a restart", error)
     logging.shutdown()
     os._exit(EXIT_UNSENT)
 

@@ -125,13 +125,39 @@ def chunk_key(state_key: bytes, number: int) -> bytes:
     return state_key + _CHUNK_MARK + _CHUNK_NUMBER.pack(number)
 
 
-def encode_chunk(fragments: list[tuple[int, str]]) -> bytes:
+def encode_chunks(fragments: list[tuple[int, str]], limit: int) -> list[bytes]:
+    """The fragments as chunks of at most `limit` bytes each (a record the changelog
+    takes), in order: a slot's text too long for one is split between characters
+    into consecutive fragments, which `restore` joins again."""
+    limit = max(limit, _FRAGMENT_HEADER.size + 4)  # a fragment of one character fits
+    chunks: list[bytes] = []
     parts: list[bytes] = []
+    size = 0
     for slot, text in fragments:
         data = text.encode("utf-8", "surrogatepass")
-        parts.append(_FRAGMENT_HEADER.pack(slot, len(data)))
-        parts.append(data)
-    return b"".join(parts)
+        start = 0
+        while True:
+            room = limit - size - _FRAGMENT_HEADER.size
+            end = _character_boundary(data, min(len(data), start + max(room, 0)))
+            if parts and (room < 0 or end == start < len(data)):  # full: the next chunk
+                chunks.append(b"".join(parts))
+                parts, size = [], 0
+                continue
+            parts += (_FRAGMENT_HEADER.pack(slot, end - start), data[start:end])
+            size += _FRAGMENT_HEADER.size + end - start
+            start = end
+            if start >= len(data):
+                break
+    if parts:
+        chunks.append(b"".join(parts))
+    return chunks
+
+
+def _character_boundary(data: bytes, position: int) -> int:
+    """`position`, or the start of the UTF-8 sequence it falls inside."""
+    while 0 < position < len(data) and data[position] & 0xC0 == 0x80:
+        position -= 1
+    return position
 
 
 def decode_chunk(value: bytes) -> list[tuple[int, str]]:

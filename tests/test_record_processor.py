@@ -22,7 +22,7 @@ from processors.record_processor import (
     StoredTables,
     state_key_for,
 )
-from processors.stored_keys import chunk_key
+from processors.stored_keys import WriteBehindText, chunk_key, decode_chunk, encode_chunks
 from tests.engine_helpers import (
     r_content,
     r_end,
@@ -48,9 +48,10 @@ class Committed:
         self.tables: dict[str, dict[bytes, bytes]] = {STATE_TABLE: {}, TEXT_TABLE: {}}
         self.changelog_records = 0
 
-    def processor(self, metrics: Metrics | None = None) -> RecordProcessor:
+    def processor(self, metrics: Metrics | None = None,
+                  max_record_bytes: int = 1_000_000) -> RecordProcessor:
         metrics = metrics or Metrics()
-        builder = OutputBuilder(HISTORY, DEADLETTER, 1_000_000, metrics)
+        builder = OutputBuilder(HISTORY, DEADLETTER, max_record_bytes, metrics)
         return RecordProcessor(builder, metrics,
                                StoredTables(self.tables[STATE_TABLE], self.tables[TEXT_TABLE]),
                                tenant_header="tenant", default_tenant="default",
@@ -152,6 +153,44 @@ def test_state_is_written_once_per_commit_and_text_as_one_chunk_per_commit() -> 
     assert committed.tables[TEXT_TABLE] == {}
 
 
+def test_text_streamed_between_two_commits_is_stored_in_records_the_changelog_takes(
+) -> None:
+    """Two messages, each small enough to publish, streamed between two commits made
+    one chunk larger than the broker takes: the commit failed, and so did every
+    replay of it."""
+    committed = Committed()
+    limit = 8_000
+    processor = committed.processor(max_record_bytes=limit)
+    feeder = Feeder()
+    words = [f"{i}:평가단계ünï😀 " for i in range(200)]  # about 4.5 KB, multi-byte characters
+    events = [run_started("r1"), r_start("rm"), *(r_content("rm", w) for w in words),
+              r_end("rm"), t_start("tm", role="assistant"),
+              *(t_content("tm", w) for w in reversed(words)), t_end("tm"), run_finished("r1")]
+    records = [feeder.record(e) for e in events]
+    feed(processor, records[:-2])  # all deltas, the text message still open
+    committed.commit(processor)
+    chunks = list(committed.tables[TEXT_TABLE].values())
+    assert len(chunks) > 1 and all(len(chunk) <= limit for chunk in chunks)
+    out = crash_and_replay_with(committed, records, len(records) - 2, limit)
+    assert [h["message"].get("content") for h in history(out) if h["kind"] == "message"] == [
+        "".join(words), "".join(reversed(words))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(fragments=st.lists(st.tuples(st.integers(0, 5), st.text(max_size=300)), max_size=8),
+       limit=st.integers(1, 400))
+def test_chunks_stay_within_their_limit_and_restore_every_slot_s_text(
+        fragments: list[tuple[int, str]], limit: int) -> None:
+    chunks = encode_chunks(fragments, limit)
+    assert all(len(chunk) <= max(limit, 12) for chunk in chunks)
+    restored, expected = WriteBehindText(), WriteBehindText()
+    for chunk in chunks:
+        restored.restore(decode_chunk(chunk))
+    for slot, text in fragments:
+        expected.restore([(slot, text)])
+    assert restored.texts() == expected.texts()
+
+
 def test_a_commit_with_nothing_new_changes_nothing() -> None:
     committed = Committed()
     processor = committed.processor()
@@ -169,7 +208,13 @@ def test_a_commit_with_nothing_new_changes_nothing() -> None:
 def crash_and_replay(committed: Committed, records: list[Incoming],
                      from_offset: int) -> list[Outgoing]:
     """A new worker on what was committed, replaying from `from_offset`."""
-    return feed(committed.processor(), records[from_offset:])
+    return crash_and_replay_with(committed, records, from_offset, 1_000_000)
+
+
+def crash_and_replay_with(committed: Committed, records: list[Incoming], from_offset: int,
+                          max_record_bytes: int) -> list[Outgoing]:
+    return feed(committed.processor(max_record_bytes=max_record_bytes),
+                records[from_offset:])
 
 
 def test_a_crash_between_commits_replays_onto_the_committed_state() -> None:
