@@ -412,62 +412,56 @@ def compile_pinned_check(
 def _clean_terms(
     model: Model, only: Collection[str] | None, picked_by: str | None, pinned: tuple[str, ...]
 ) -> tuple[str, dict[str, Any]] | None:
-    """The source of a clean check and its namespace; None when nothing is clean."""
+    """The source of a clean check and its namespace; None when nothing is clean.
+
+    Each required (or pinned) field has a term of its own, which fails when the
+    field is missing. The optional fields are counted instead: one lookup each,
+    counting 1 when the field is present with a clean value. The event has no
+    other key and no unclean optional value exactly when its size is the
+    number of required fields plus that count (an optional field only the walk
+    can judge is never counted: an event carrying it is not clean). An open
+    model ignores keys it does not define, so it gets no count; none has
+    optional fields.
+    """
     fields = {name: spec for name, spec in model.fields.items() if only is None or name in only}
     if any(spec.required and name not in fields for name, spec in model.fields.items()):
         return None
     arguments = dict(zip(pinned, ("first", "second"), strict=True)) if pinned else {}
     namespace: dict[str, Any] = {}
-    terms = ([] if model.open and only is None
-             else [_no_other_keys(fields, picked_by, arguments, namespace)])
-    # Required fields first: a missing one ends the test soonest.
-    for name, spec in sorted(fields.items(), key=lambda field: not field[1].required):
+    terms: list[str] = []
+    always_present = 0  # the required and pinned fields, and the one picked by
+    counted: list[str] = []  # the optional fields: 1 each when present and clean
+    for name, spec in fields.items():
+        key = repr(name)
+        if name == picked_by or name in arguments or spec.required:
+            always_present += 1
         if name == picked_by:
             continue
-        key = repr(name)
         if name in arguments:
             assert spec.clean is _is_string, name
             terms.append(f"event.get({key}) == {arguments[name]}")
         elif spec.clean is None:  # only the walk can judge a value here
             if spec.required:
                 return None
-            terms.append(f"{key} not in event")
         elif spec.clean is _is_anything:
-            if spec.required:
-                terms.append(f"{key} in event")
-        elif spec.clean in _INLINE_TESTS:
-            test = _INLINE_TESTS[spec.clean]
-            terms.append(test(f"event.get({key})") if spec.required
-                         else f"({key} not in event or {test(f'event[{key}]')})")
+            (terms if spec.required else counted).append(f"{key} in event")
         else:
-            accepts = f"accepts_{name}"  # field names are identifiers
-            namespace[accepts] = spec.clean
-            terms.append(f"({key} in event and {accepts}(event[{key}]))" if spec.required
-                         else f"({key} not in event or {accepts}(event[{key}]))")
-    return " and ".join(terms) or "True", namespace
-
-
-# Up to this many optional fields, counting the keys an event has among the
-# fields is cheaper than testing each of its keys against them.
-_COUNTED_OPTIONAL: Final = 4
-
-
-def _no_other_keys(fields: dict[str, Field], picked_by: str | None, pinned: Collection[str],
-                   namespace: dict[str, Any]) -> str:
-    """The term that admits no key outside `fields`.
-
-    The other terms require every required and pinned field, and the caller
-    picked the model by `picked_by`: when those are present, the event has no
-    other key exactly when its size is their number plus the optional fields
-    it carries.
-    """
-    optional = [name for name, spec in fields.items()
-                if not spec.required and name not in pinned and name != picked_by]
-    if len(optional) > _COUNTED_OPTIONAL:
-        namespace["FIELDS"] = frozenset(fields)
-        return "FIELDS.issuperset(event)"
-    present = [str(len(fields) - len(optional))] + [f"({name!r} in event)" for name in optional]
-    return f"len(event) == {' + '.join(present)}"
+            # An absent field reads as None, which no clean value is (only an
+            # opaque field may be null).
+            assert not spec.clean(None), name
+            if spec.clean in _INLINE_TESTS:
+                test = _INLINE_TESTS[spec.clean](f"event.get({key})")
+            else:
+                accepts = f"accepts_{name}"  # field names are identifiers
+                namespace[accepts] = spec.clean
+                test = f"{accepts}(event.get({key}))"
+            (terms if spec.required else counted).append(test)
+    if model.open and only is None:
+        assert not counted, model.name
+    else:
+        count = " + ".join([str(always_present), *(f"({term})" for term in counted)])
+        terms.append(f"len(event) == {count}")
+    return " and ".join(terms), namespace
 
 
 def never_clean(event: dict[str, Any]) -> bool:
