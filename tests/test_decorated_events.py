@@ -157,6 +157,53 @@ def test_flat_events_are_clean_however_decorated(key: Key, data: st.DataObject) 
         assert CLEAN_CHECKS[event["type"]](event) is (event["type"] not in NESTED), event["type"]
 
 
+# Values a flat field may take: clean ones for some field or other, and unclean ones
+# (a float that is no integer, an integer past 2^53, a boolean, null, ...).
+FLAT_VALUES = ["x", "reasoning", "assistant", "tool", "message", "function", 0, -7,
+               1_700_000_000_000, -(2**53), 2**53, 1.5, True, None, {}, {"k": 1}, [],
+               [{"model": "m", "inputTokens": 1}], [{"inputTokens": -1}], ["x"]]
+
+
+def clean_as_specified(event: dict[str, Any]) -> bool:
+    """What the compiled clean check computes, spelt out field by field: no key
+    outside the model, every required field present, every value (but the type's)
+    one its field's `clean` predicate accepts."""
+    fields = EVENT_MODELS[event["type"]].fields
+    return (all(key in fields for key in event)
+            and all(name in event for name, spec in fields.items() if spec.required)
+            and all(key == "type" or (fields[key].clean is not None and fields[key].clean(value))
+                    for key, value in event.items()))
+
+
+@st.composite
+def flat_events(draw: Any) -> dict[str, Any]:
+    """An event of any type with each of its fields absent, clean or any flat value,
+    and sometimes a key of no field."""
+    event_type = draw(st.sampled_from(sorted(EVENT_MODELS)))
+    event: dict[str, Any] = {"type": event_type}
+    for name, spec in EVENT_MODELS[event_type].fields.items():
+        if name == "type":
+            continue
+        choice = draw(st.sampled_from(["absent", "clean", "clean", "any"]))
+        clean = [v for v in FLAT_VALUES if spec.clean is not None and spec.clean(v)]
+        if choice == "clean" and clean:
+            event[name] = draw(st.sampled_from(clean))
+        elif choice != "absent":
+            event[name] = draw(st.sampled_from(FLAT_VALUES))
+    if draw(st.integers(0, 4)) == 0:
+        event[draw(st.sampled_from(["extra", "Timestamp", "delta2"]))] = draw(
+            st.sampled_from(FLAT_VALUES))
+    return dict(draw(st.permutations(list(event.items()))))
+
+
+@settings(SETTINGS, max_examples=2000)
+@given(flat_events())
+def test_clean_check_counts_keys_as_specified(event: dict[str, Any]) -> None:
+    """The compiled count (its early exit when the usual fields account for every
+    key, its count of the rarely sent ones otherwise) decides as the spelt-out rule."""
+    assert CLEAN_CHECKS[event["type"]](event) == clean_as_specified(event), event
+
+
 # =====================================================================================
 # The delta memo decides as the handlers
 # =====================================================================================

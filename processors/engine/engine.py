@@ -198,18 +198,21 @@ class KeyEngine:
         """
         try:
             event = _loads(raw)
-        except orjson.JSONDecodeError:
-            event = None
-        event_type = event.get("type") if type(event) is dict else None
+            event_type = event["type"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):  # no JSON object with a type
+            return self._undecodable()
         # A repeat of the last delta (see the delta memo) passes every step as
         # that one did, and appends to the same fragments.
         memo = self._memo  # set only while a run is active
-        if (memo is not None and event_type == memo.event_type
-                and memo.check(event, self._memo_id, self._memo_tag)):
-            delta = event.get("delta")
-            if delta:
-                self._memo_fragments.append(delta)
-            return memo.quiet
+        if memo is not None and event_type == memo.event_type:
+            # Callables kept in slots are fetched apart from their call: a call
+            # spelt `memo.delta_of(...)` takes the interpreter's slow method lookup.
+            delta_of = memo.delta_of
+            delta = delta_of(event, self._memo_id, self._memo_tag)
+            if delta is not None:
+                if delta:
+                    self._memo_fragments.append(delta)
+                return memo.quiet
         if type(event_type) is not str:
             return self._undecodable()
         rule = _RULES.get(event_type)
@@ -221,13 +224,15 @@ class KeyEngine:
             self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
                        "event type is not an AG-UI 1.0 type; the event was dropped")
             return _step("unknown", self._out)
-        if not rule.is_clean(event):
+        is_clean = rule.is_clean
+        if not is_clean(event):
             checked = self._checked(event_type, rule.model, event)
             if checked is None:
                 return _step(event_type, self._out)
             event = checked
         if run is None:
-            rule.outside_run(self, event_type, event)
+            outside_run = rule.outside_run
+            outside_run(self, event_type, event)
         else:
             self._memo = None  # the run changes: where a delta goes may change with it
             try:
@@ -240,7 +245,8 @@ class KeyEngine:
                     elif rule.lanes is _ALL_LANES:
                         for lane in list(lanes):
                             self._close_lane(run, lane)
-                rule.in_run(self, run, event)
+                in_run = rule.in_run
+                in_run(self, run, event)
             except RunFailure as failure:
                 self._fail(failure.code, failure.reason)
         out = self._out
@@ -863,18 +869,19 @@ class _Repeat:
 
     The rule's clean check narrowed to a delta that only appends, with the
     memo's id and tag pinned: an event equal in both, or lacking the one the
-    memo lacks, and otherwise clean.
+    memo lacks, and otherwise clean. It returns the event's delta, None when
+    the event is no such repeat (or carries no delta: rare, it takes the rule).
     """
 
-    __slots__ = ("check", "event_type", "quiet")
+    __slots__ = ("delta_of", "event_type", "quiet")
 
     def __init__(self, rule: _Rule, deltas: _Namespace, has_id: bool, has_tag: bool) -> None:
         self.event_type = rule.event_type
         self.quiet = rule.quiet
         keys = deltas.delta_keys - {k for k, kept in ((deltas.id_key, has_id),
                                                        ("subagentRunId", has_tag)) if not kept}
-        self.check: PinnedCheck = compile_pinned_check(
-            rule.model, keys, "type", (deltas.id_key, "subagentRunId"))
+        self.delta_of: PinnedCheck = compile_pinned_check(
+            rule.model, keys, "type", (deltas.id_key, "subagentRunId"), "delta")
 
 
 _RULES: Final = {rule.event_type: rule for rule in (
