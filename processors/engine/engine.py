@@ -176,9 +176,10 @@ class KeyEngine:
         # The delta memo: where the key's next delta goes, if it is the same as
         # the last one. Set by a CONTENT/ARGS, or a chunk continuing an item,
         # that did nothing but append (its keys within its namespace's
-        # `delta_keys`: no metadata, role, name, tool name or parent), and by an
-        # opening chunk with a delta, for the id-less chunks of its lane that
-        # continue it; dropped as soon as anything else is applied to the run.
+        # `delta_keys`: no metadata, role, name, tool name or parent), by an
+        # explicit START, for the item's CONTENT/ARGS, and by an opening chunk
+        # with a delta, for the id-less chunks of its lane that continue it;
+        # dropped as soon as anything else is applied to the run.
         # Until then, a clean event of that type, id and tag that only appends
         # meets the same run state: its handler would pass the same checks and
         # append to the same fragments, so the memo only skips the lookups
@@ -616,6 +617,14 @@ class KeyEngine:
             self._remember(event["type"], event.get(ns.id_key), event.get("subagentRunId"),
                            fragments)
 
+    def _fragments(self, run: RunState, ns: _Namespace, item_id: str) -> Fragments:
+        """Where the deltas of a message or tool call the run holds go."""
+        if ns is _TOOL_CALLS:
+            call = self._tool_call(run, item_id)
+            assert call is not None  # started, so held
+            return self.content.fragments(_args_slot(run, call))
+        return self.content.fragments(_text_slot(run, run.messages[item_id]))
+
     def _remember(self, event_type: str, item_id: str | None, tag: str | None,
                   fragments: Fragments) -> None:
         """Set the delta memo: deltas of this type, id and tag go to these fragments."""
@@ -822,6 +831,23 @@ def _closes(ns: _Namespace) -> _Handler:
     return close_item
 
 
+def _starts(start: _Handler, ns: _Namespace, deltas: str) -> _Handler:
+    """The handler of an explicit START of an item of `ns`: `start`, then the delta
+    memo takes the item's `deltas` (CONTENT or ARGS), which usually come next, from
+    the first one on.
+
+    The START closed its own lane first, so no pending chunk item stands between
+    it and such a delta (a chunk's expansion, which leaves its item pending in
+    its lane, sets no memo here).
+    """
+    def start_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
+        start(engine, run, event)
+        item_id = event[ns.id_key]
+        engine._remember(deltas, item_id, event.get("subagentRunId"),
+                         engine._fragments(run, ns, item_id))
+    return start_item
+
+
 def _continues(ns: _Namespace) -> _Handler:
     """The handler of a CONTENT or ARGS of an item of `ns`."""
     def continue_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
@@ -894,15 +920,19 @@ _RULES: Final = {rule.event_type: rule for rule in (
     # switches lanes itself as it is expanded.
     _Rule("REASONING_START", _opens(_SPANS), _Lanes.OWN),
     _Rule("REASONING_END", _closes(_SPANS), _Lanes.OWN),
-    _Rule("REASONING_MESSAGE_START", KeyEngine._reasoning_start, _Lanes.OWN),
+    _Rule("REASONING_MESSAGE_START",
+          _starts(KeyEngine._reasoning_start, _REASONING, "REASONING_MESSAGE_CONTENT"),
+          _Lanes.OWN),
     _Rule("REASONING_MESSAGE_CONTENT", _continues(_REASONING), _Lanes.OWN, deltas=_REASONING),
     _Rule("REASONING_MESSAGE_END", _closes(_REASONING), _Lanes.OWN),
     _Rule("REASONING_MESSAGE_CHUNK", _chunks(ChunkKind.REASONING), _Lanes.KEPT, deltas=_REASONING),
-    _Rule("TEXT_MESSAGE_START", KeyEngine._text_start, _Lanes.OWN),
+    _Rule("TEXT_MESSAGE_START", _starts(KeyEngine._text_start, _TEXT, "TEXT_MESSAGE_CONTENT"),
+          _Lanes.OWN),
     _Rule("TEXT_MESSAGE_CONTENT", _continues(_TEXT), _Lanes.OWN, deltas=_TEXT),
     _Rule("TEXT_MESSAGE_END", _closes(_TEXT), _Lanes.OWN),
     _Rule("TEXT_MESSAGE_CHUNK", _chunks(ChunkKind.TEXT), _Lanes.KEPT, deltas=_TEXT),
-    _Rule("TOOL_CALL_START", KeyEngine._tool_start, _Lanes.OWN),
+    _Rule("TOOL_CALL_START", _starts(KeyEngine._tool_start, _TOOL_CALLS, "TOOL_CALL_ARGS"),
+          _Lanes.OWN),
     _Rule("TOOL_CALL_ARGS", _continues(_TOOL_CALLS), _Lanes.OWN, deltas=_TOOL_CALLS),
     _Rule("TOOL_CALL_END", _closes(_TOOL_CALLS), _Lanes.OWN),
     _Rule("TOOL_CALL_CHUNK", _chunks(ChunkKind.TOOL), _Lanes.KEPT, deltas=_TOOL_CALLS),
