@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,6 +158,53 @@ def test_flat_events_are_clean_however_decorated(key: Key, data: st.DataObject) 
         assert CLEAN_CHECKS[event["type"]](event) is (event["type"] not in NESTED), event["type"]
 
 
+# Values a flat field may take: clean ones for some field or other, and unclean ones
+# (a float that is no integer, an integer past 2^53, a boolean, null, ...).
+FLAT_VALUES = ["x", "reasoning", "assistant", "tool", "message", "function", 0, -7,
+               1_700_000_000_000, -(2**53), 2**53, 1.5, True, None, {}, {"k": 1}, [],
+               [{"model": "m", "inputTokens": 1}], [{"inputTokens": -1}], ["x"]]
+
+
+def clean_as_specified(event: dict[str, Any]) -> bool:
+    """What the compiled clean check computes, spelt out field by field: no key
+    outside the model, every required field present, every value (but the type's)
+    one its field's `clean` predicate accepts."""
+    fields = EVENT_MODELS[event["type"]].fields
+    return (all(key in fields for key in event)
+            and all(name in event for name, spec in fields.items() if spec.required)
+            and all(key == "type" or (fields[key].clean is not None and fields[key].clean(value))
+                    for key, value in event.items()))
+
+
+@st.composite
+def flat_events(draw: Any) -> dict[str, Any]:
+    """An event of any type with each of its fields absent, clean or any flat value,
+    and sometimes a key of no field."""
+    event_type = draw(st.sampled_from(sorted(EVENT_MODELS)))
+    event: dict[str, Any] = {"type": event_type}
+    for name, spec in EVENT_MODELS[event_type].fields.items():
+        if name == "type":
+            continue
+        choice = draw(st.sampled_from(["absent", "clean", "clean", "any"]))
+        clean = [v for v in FLAT_VALUES if spec.clean is not None and spec.clean(v)]
+        if choice == "clean" and clean:
+            event[name] = draw(st.sampled_from(clean))
+        elif choice != "absent":
+            event[name] = draw(st.sampled_from(FLAT_VALUES))
+    if draw(st.integers(0, 4)) == 0:
+        event[draw(st.sampled_from(["extra", "Timestamp", "delta2"]))] = draw(
+            st.sampled_from(FLAT_VALUES))
+    return dict(draw(st.permutations(list(event.items()))))
+
+
+@settings(SETTINGS, max_examples=2000)
+@given(flat_events())
+def test_clean_check_counts_keys_as_specified(event: dict[str, Any]) -> None:
+    """The compiled count (its early exit when the usual fields account for every
+    key, its count of the rarely sent ones otherwise) decides as the spelt-out rule."""
+    assert CLEAN_CHECKS[event["type"]](event) == clean_as_specified(event), event
+
+
 # =====================================================================================
 # The delta memo decides as the handlers
 # =====================================================================================
@@ -238,4 +286,86 @@ def test_memo_decides_as_handlers_valid(key: Key, data: st.DataObject) -> None:
 def test_memo_decides_as_handlers_junk(events: list[dict[str, Any]], data: st.DataObject
                                        ) -> None:
     events = data.draw(repeated_deltas([*PRIMED, *events]))
+    assert feed_with_memo(events) == feed_without_memo(events)
+
+
+# Starts, deltas, ends and chunks of a few items of one kind, in any order: the
+# delta memo meets STARTs (which set it for the item's first delta), chunks that
+# leave their item pending in a lane (which an explicit delta closes first),
+# reopened ids and owners that disagree.
+ITEM_EVENTS = {
+    "REASONING_MESSAGE": ("messageId", "CONTENT", {"role": "reasoning"}),
+    "TEXT_MESSAGE": ("messageId", "CONTENT", {}),
+    "TOOL_CALL": ("toolCallId", "ARGS", {"toolCallName": "f"}),
+}
+
+
+@st.composite
+def item_events(draw: Any) -> list[dict[str, Any]]:
+    family = draw(st.sampled_from(sorted(ITEM_EVENTS)))
+    id_key, delta_suffix, start_fields = ITEM_EVENTS[family]
+    events: list[dict[str, Any]] = [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"}]
+    for _ in range(draw(st.integers(1, 10))):
+        step = draw(st.sampled_from(["START", "DELTA", "DELTA", "END", "CHUNK", "CHUNK"]))
+        bare_chunk = step == "CHUNK" and draw(st.booleans())  # an id, no delta
+        event: dict[str, Any] = {"type": f"{family}_{delta_suffix if step == 'DELTA' else step}"}
+        if step == "START" or (step == "CHUNK" and family == "TOOL_CALL" and draw(st.booleans())):
+            event.update(start_fields)
+        if step != "CHUNK" or bare_chunk or draw(st.booleans()):
+            event[id_key] = draw(st.sampled_from(["a", "a", "b"]))
+        if step == "DELTA" or (step == "CHUNK" and not bare_chunk and draw(st.booleans())):
+            event["delta"] = draw(st.sampled_from(["x", "", "{}"]))
+        tag = draw(st.sampled_from([None, None, None, "A"]))
+        if tag is not None:
+            event["subagentRunId"] = tag
+        events.append(event)
+    return events
+
+
+@settings(SETTINGS, max_examples=400)
+@given(item_events(), st.data())
+def test_memo_decides_as_handlers_around_starts_and_chunks(
+    events: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    events = data.draw(repeated_deltas(events))
+    assert feed_with_memo(events) == feed_without_memo(events)
+
+
+def _item(family: str, step: str, item_id: str | None = "a", tag: str | None = None,
+          delta: str | None = None) -> dict[str, Any]:
+    id_key, delta_suffix, start_fields = ITEM_EVENTS[family]
+    event: dict[str, Any] = {"type": f"{family}_{delta_suffix if step == 'DELTA' else step}"}
+    if step == "START":
+        event.update(start_fields)
+    if item_id is not None:
+        event[id_key] = item_id
+    if delta is not None:
+        event["delta"] = delta
+    if tag is not None:
+        event["subagentRunId"] = tag
+    return event
+
+
+@pytest.mark.parametrize("family", sorted(ITEM_EVENTS))
+@pytest.mark.parametrize("steps", [
+    # A START sets the memo for its item's deltas: the first one on takes it.
+    [("START", None, None), ("DELTA", None, "x"), ("DELTA", None, "y")],
+    [("START", "A", None), ("DELTA", "A", "x"), ("DELTA", None, "y"), ("DELTA", "A", "z")],
+    [("START", "A", None), ("DELTA", "B", "x")],  # owner mismatch
+    [("START", None, None), ("END", None, None), ("START", "A", None), ("DELTA", "A", "x")],
+    # An opening chunk expands to a START, but leaves its item pending in its lane:
+    # an explicit delta closes the lane first (and then finds the item closed).
+    [("CHUNK", None, None), ("DELTA", None, "x")],
+    [("CHUNK", "A", None), ("DELTA", "A", "x")],
+    [("CHUNK", "A", None), ("DELTA", None, "x")],
+])
+def test_memo_after_starts_decides_as_handlers(
+    family: str, steps: list[tuple[str, str | None, str | None]]
+) -> None:
+    events = [{"type": "RUN_STARTED", "threadId": "t", "runId": "r"},
+              *(_item(family, step, "a", tag, delta) for step, tag, delta in steps)]
+    if family == "TOOL_CALL":
+        for event in events:
+            if event["type"] == "TOOL_CALL_CHUNK":
+                event["toolCallName"] = "f"
     assert feed_with_memo(events) == feed_without_memo(events)

@@ -353,7 +353,7 @@ _INLINE_TESTS: Final[dict[Callable[[Any], bool], Callable[[str], str]]] = {
     _is_object: lambda value: f"type({value}) is dict",
     _is_boolean: lambda value: f"type({value}) is bool",
     _is_safe_integer: lambda value: (f"(type(number := {value}) is int"
-                                     f" and {-MAX_SAFE_INTEGER} <= number <= {MAX_SAFE_INTEGER})"),
+                                     f" and abs(number) <= {MAX_SAFE_INTEGER})"),
     _is_count: lambda value: (f"(type(number := {value}) is int"
                               f" and 0 <= number <= {MAX_SAFE_INTEGER})"),
 }
@@ -388,86 +388,103 @@ def compile_clean_check(
     return check
 
 
-PinnedCheck = Callable[[dict[str, Any], str | None, str | None], bool]
+# The value of the checked event's `bound` field when it passes, else None.
+PinnedCheck = Callable[[dict[str, Any], str | None, str | None], Any]
 
 
 def compile_pinned_check(
-    model: Model, only: Collection[str], picked_by: str, pinned: tuple[str, str]
+    model: Model, only: Collection[str], picked_by: str, pinned: tuple[str, str], bound: str
 ) -> PinnedCheck:
     """The clean check narrowed to `only`, with the two string fields `pinned`
-    equal to the check's two further arguments (strings).
+    equal to the check's two further arguments (strings), and the field `bound`
+    present: it returns that field's value when the event passes, None otherwise.
 
     A pinned field outside `only` is not compared (the argument is ignored):
     the event must lack it. Equality stands in for the field's own test, as
     only a string equals a string.
     """
-    compiled = _clean_terms(model, only, picked_by, pinned)
+    compiled = _clean_terms(model, only, picked_by, pinned, bound)
     source, namespace = ("False", {}) if compiled is None else compiled
-    check: PinnedCheck = eval(f"lambda event, first, second: {source}", namespace)
-    check.__name__ = check.__qualname__ = f"is_pinned_{model.name}"
+    check: PinnedCheck = eval(f"lambda event, first, second: value if {source} else None",
+                              namespace)
+    check.__name__ = check.__qualname__ = f"pinned_{bound}_of_{model.name}"
     check.__doc__ = source
     return check
 
 
+# Optional fields any event may carry and most lack: the count of an event's
+# keys tries the others first (its own optional fields, the timestamp servers
+# put on every event), and counts these only when the event has keys left over.
+_RARELY_SENT: Final = frozenset({"rawEvent", "metadata", "subagentRunId"})
+
+
 def _clean_terms(
-    model: Model, only: Collection[str] | None, picked_by: str | None, pinned: tuple[str, ...]
+    model: Model, only: Collection[str] | None, picked_by: str | None,
+    pinned: tuple[str, ...], bound: str | None = None,
 ) -> tuple[str, dict[str, Any]] | None:
-    """The source of a clean check and its namespace; None when nothing is clean."""
+    """The source of a clean check and its namespace; None when nothing is clean.
+
+    Each required (or pinned, or bound) field has a term of its own, which
+    fails when the field is missing; the bound field's value is kept as
+    `value`. The optional fields are counted instead: one lookup each, counting
+    1 when the field is present with a clean value. The event has no other key
+    and no unclean optional value exactly when its size is the number of
+    required fields plus that count (an optional field only the walk can judge
+    is never counted: an event carrying it is not clean). An open model
+    ignores keys it does not define, so it gets no count; none has optional
+    fields.
+    """
     fields = {name: spec for name, spec in model.fields.items() if only is None or name in only}
     if any(spec.required and name not in fields for name, spec in model.fields.items()):
         return None
     arguments = dict(zip(pinned, ("first", "second"), strict=True)) if pinned else {}
     namespace: dict[str, Any] = {}
-    terms = ([] if model.open and only is None
-             else [_no_other_keys(fields, picked_by, arguments, namespace)])
-    # Required fields first: a missing one ends the test soonest.
-    for name, spec in sorted(fields.items(), key=lambda field: not field[1].required):
+    terms: list[str] = []
+    always_present = 0  # the required, pinned and bound fields, and the one picked by
+    usual: list[str] = []  # the optional fields, 1 each when present and clean
+    rare: list[str] = []
+    for name, spec in fields.items():
+        key = repr(name)
+        required = spec.required or name == bound
+        if name == picked_by or name in arguments or required:
+            always_present += 1
         if name == picked_by:
             continue
-        key = repr(name)
+        value = f"(value := event.get({key}))" if name == bound else f"event.get({key})"
         if name in arguments:
-            assert spec.clean is _is_string, name
-            terms.append(f"event.get({key}) == {arguments[name]}")
+            assert spec.clean is _is_string and name != bound, name
+            terms.append(f"{value} == {arguments[name]}")
         elif spec.clean is None:  # only the walk can judge a value here
-            if spec.required:
+            if required:
                 return None
-            terms.append(f"{key} not in event")
         elif spec.clean is _is_anything:
-            if spec.required:
-                terms.append(f"{key} in event")
-        elif spec.clean in _INLINE_TESTS:
-            test = _INLINE_TESTS[spec.clean]
-            terms.append(test(f"event.get({key})") if spec.required
-                         else f"({key} not in event or {test(f'event[{key}]')})")
+            assert name != bound, name
+            (terms if required else rare if name in _RARELY_SENT else usual).append(
+                f"{key} in event")
         else:
-            accepts = f"accepts_{name}"  # field names are identifiers
-            namespace[accepts] = spec.clean
-            terms.append(f"({key} in event and {accepts}(event[{key}]))" if spec.required
-                         else f"({key} not in event or {accepts}(event[{key}]))")
-    return " and ".join(terms) or "True", namespace
+            # An absent field reads as None, which no clean value is (only an
+            # opaque field may be null).
+            assert not spec.clean(None), name
+            if spec.clean in _INLINE_TESTS:
+                test = _INLINE_TESTS[spec.clean](value)
+            else:
+                accepts = f"accepts_{name}"  # field names are identifiers
+                namespace[accepts] = spec.clean
+                test = f"{accepts}({value})"
+            (terms if required else rare if name in _RARELY_SENT else usual).append(test)
+    if model.open and only is None:
+        assert not usual and not rare, model.name
+    else:
+        terms.append(_key_count(always_present, usual, rare))
+    return " and ".join(terms), namespace
 
 
-# Up to this many optional fields, counting the keys an event has among the
-# fields is cheaper than testing each of its keys against them.
-_COUNTED_OPTIONAL: Final = 4
-
-
-def _no_other_keys(fields: dict[str, Field], picked_by: str | None, pinned: Collection[str],
-                   namespace: dict[str, Any]) -> str:
-    """The term that admits no key outside `fields`.
-
-    The other terms require every required and pinned field, and the caller
-    picked the model by `picked_by`: when those are present, the event has no
-    other key exactly when its size is their number plus the optional fields
-    it carries.
-    """
-    optional = [name for name, spec in fields.items()
-                if not spec.required and name not in pinned and name != picked_by]
-    if len(optional) > _COUNTED_OPTIONAL:
-        namespace["FIELDS"] = frozenset(fields)
-        return "FIELDS.issuperset(event)"
-    present = [str(len(fields) - len(optional))] + [f"({name!r} in event)" for name in optional]
-    return f"len(event) == {' + '.join(present)}"
+def _key_count(always_present: int, usual: list[str], rare: list[str]) -> str:
+    """The term that the event's size is `always_present` plus its clean optional fields."""
+    if not rare:
+        return f"len(event) == {' + '.join([str(always_present), *(f'({t})' for t in usual)])}"
+    extra = " - ".join(["len(event)", str(always_present), *(f"({t})" for t in usual)])
+    return f"((extra := {extra}) == 0 or extra == {' + '.join(f'({t})' for t in rare)})"
 
 
 def never_clean(event: dict[str, Any]) -> bool:

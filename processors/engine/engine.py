@@ -176,9 +176,10 @@ class KeyEngine:
         # The delta memo: where the key's next delta goes, if it is the same as
         # the last one. Set by a CONTENT/ARGS, or a chunk continuing an item,
         # that did nothing but append (its keys within its namespace's
-        # `delta_keys`: no metadata, role, name, tool name or parent), and by an
-        # opening chunk with a delta, for the id-less chunks of its lane that
-        # continue it; dropped as soon as anything else is applied to the run.
+        # `delta_keys`: no metadata, role, name, tool name or parent), by an
+        # explicit START, for the item's CONTENT/ARGS, and by an opening chunk
+        # with a delta, for the id-less chunks of its lane that continue it;
+        # dropped as soon as anything else is applied to the run.
         # Until then, a clean event of that type, id and tag that only appends
         # meets the same run state: its handler would pass the same checks and
         # append to the same fragments, so the memo only skips the lookups
@@ -198,18 +199,21 @@ class KeyEngine:
         """
         try:
             event = _loads(raw)
-        except orjson.JSONDecodeError:
-            event = None
-        event_type = event.get("type") if type(event) is dict else None
+            event_type = event["type"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):  # no JSON object with a type
+            return self._undecodable()
         # A repeat of the last delta (see the delta memo) passes every step as
         # that one did, and appends to the same fragments.
         memo = self._memo  # set only while a run is active
-        if (memo is not None and event_type == memo.event_type
-                and memo.check(event, self._memo_id, self._memo_tag)):
-            delta = event.get("delta")
-            if delta:
-                self._memo_fragments.append(delta)
-            return memo.quiet
+        if memo is not None and event_type == memo.event_type:
+            # Callables kept in slots are fetched apart from their call: a call
+            # spelt `memo.delta_of(...)` takes the interpreter's slow method lookup.
+            delta_of = memo.delta_of
+            delta = delta_of(event, self._memo_id, self._memo_tag)
+            if delta is not None:
+                if delta:
+                    self._memo_fragments.append(delta)
+                return memo.quiet
         if type(event_type) is not str:
             return self._undecodable()
         rule = _RULES.get(event_type)
@@ -221,13 +225,15 @@ class KeyEngine:
             self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
                        "event type is not an AG-UI 1.0 type; the event was dropped")
             return _step("unknown", self._out)
-        if not rule.is_clean(event):
+        is_clean = rule.is_clean
+        if not is_clean(event):
             checked = self._checked(event_type, rule.model, event)
             if checked is None:
                 return _step(event_type, self._out)
             event = checked
         if run is None:
-            rule.outside_run(self, event_type, event)
+            outside_run = rule.outside_run
+            outside_run(self, event_type, event)
         else:
             self._memo = None  # the run changes: where a delta goes may change with it
             try:
@@ -240,7 +246,8 @@ class KeyEngine:
                     elif rule.lanes is _ALL_LANES:
                         for lane in list(lanes):
                             self._close_lane(run, lane)
-                rule.in_run(self, run, event)
+                in_run = rule.in_run
+                in_run(self, run, event)
             except RunFailure as failure:
                 self._fail(failure.code, failure.reason)
         out = self._out
@@ -610,6 +617,14 @@ class KeyEngine:
             self._remember(event["type"], event.get(ns.id_key), event.get("subagentRunId"),
                            fragments)
 
+    def _fragments(self, run: RunState, ns: _Namespace, item_id: str) -> Fragments:
+        """Where the deltas of a message or tool call the run holds go."""
+        if ns is _TOOL_CALLS:
+            call = self._tool_call(run, item_id)
+            assert call is not None  # started, so held
+            return self.content.fragments(_args_slot(run, call))
+        return self.content.fragments(_text_slot(run, run.messages[item_id]))
+
     def _remember(self, event_type: str, item_id: str | None, tag: str | None,
                   fragments: Fragments) -> None:
         """Set the delta memo: deltas of this type, id and tag go to these fragments."""
@@ -816,6 +831,23 @@ def _closes(ns: _Namespace) -> _Handler:
     return close_item
 
 
+def _starts(start: _Handler, ns: _Namespace, deltas: str) -> _Handler:
+    """The handler of an explicit START of an item of `ns`: `start`, then the delta
+    memo takes the item's `deltas` (CONTENT or ARGS), which usually come next, from
+    the first one on.
+
+    The START closed its own lane first, so no pending chunk item stands between
+    it and such a delta (a chunk's expansion, which leaves its item pending in
+    its lane, sets no memo here).
+    """
+    def start_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
+        start(engine, run, event)
+        item_id = event[ns.id_key]
+        engine._remember(deltas, item_id, event.get("subagentRunId"),
+                         engine._fragments(run, ns, item_id))
+    return start_item
+
+
 def _continues(ns: _Namespace) -> _Handler:
     """The handler of a CONTENT or ARGS of an item of `ns`."""
     def continue_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
@@ -863,18 +895,19 @@ class _Repeat:
 
     The rule's clean check narrowed to a delta that only appends, with the
     memo's id and tag pinned: an event equal in both, or lacking the one the
-    memo lacks, and otherwise clean.
+    memo lacks, and otherwise clean. It returns the event's delta, None when
+    the event is no such repeat (or carries no delta: rare, it takes the rule).
     """
 
-    __slots__ = ("check", "event_type", "quiet")
+    __slots__ = ("delta_of", "event_type", "quiet")
 
     def __init__(self, rule: _Rule, deltas: _Namespace, has_id: bool, has_tag: bool) -> None:
         self.event_type = rule.event_type
         self.quiet = rule.quiet
         keys = deltas.delta_keys - {k for k, kept in ((deltas.id_key, has_id),
                                                        ("subagentRunId", has_tag)) if not kept}
-        self.check: PinnedCheck = compile_pinned_check(
-            rule.model, keys, "type", (deltas.id_key, "subagentRunId"))
+        self.delta_of: PinnedCheck = compile_pinned_check(
+            rule.model, keys, "type", (deltas.id_key, "subagentRunId"), "delta")
 
 
 _RULES: Final = {rule.event_type: rule for rule in (
@@ -887,15 +920,19 @@ _RULES: Final = {rule.event_type: rule for rule in (
     # switches lanes itself as it is expanded.
     _Rule("REASONING_START", _opens(_SPANS), _Lanes.OWN),
     _Rule("REASONING_END", _closes(_SPANS), _Lanes.OWN),
-    _Rule("REASONING_MESSAGE_START", KeyEngine._reasoning_start, _Lanes.OWN),
+    _Rule("REASONING_MESSAGE_START",
+          _starts(KeyEngine._reasoning_start, _REASONING, "REASONING_MESSAGE_CONTENT"),
+          _Lanes.OWN),
     _Rule("REASONING_MESSAGE_CONTENT", _continues(_REASONING), _Lanes.OWN, deltas=_REASONING),
     _Rule("REASONING_MESSAGE_END", _closes(_REASONING), _Lanes.OWN),
     _Rule("REASONING_MESSAGE_CHUNK", _chunks(ChunkKind.REASONING), _Lanes.KEPT, deltas=_REASONING),
-    _Rule("TEXT_MESSAGE_START", KeyEngine._text_start, _Lanes.OWN),
+    _Rule("TEXT_MESSAGE_START", _starts(KeyEngine._text_start, _TEXT, "TEXT_MESSAGE_CONTENT"),
+          _Lanes.OWN),
     _Rule("TEXT_MESSAGE_CONTENT", _continues(_TEXT), _Lanes.OWN, deltas=_TEXT),
     _Rule("TEXT_MESSAGE_END", _closes(_TEXT), _Lanes.OWN),
     _Rule("TEXT_MESSAGE_CHUNK", _chunks(ChunkKind.TEXT), _Lanes.KEPT, deltas=_TEXT),
-    _Rule("TOOL_CALL_START", KeyEngine._tool_start, _Lanes.OWN),
+    _Rule("TOOL_CALL_START", _starts(KeyEngine._tool_start, _TOOL_CALLS, "TOOL_CALL_ARGS"),
+          _Lanes.OWN),
     _Rule("TOOL_CALL_ARGS", _continues(_TOOL_CALLS), _Lanes.OWN, deltas=_TOOL_CALLS),
     _Rule("TOOL_CALL_END", _closes(_TOOL_CALLS), _Lanes.OWN),
     _Rule("TOOL_CALL_CHUNK", _chunks(ChunkKind.TOOL), _Lanes.KEPT, deltas=_TOOL_CALLS),
