@@ -327,9 +327,10 @@ class WorkerRun:
 
 async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
                        runs: int, name: str, started: float) -> WorkerRun:
+    # A short fetch wait: the reader's own delay is not the worker's latency.
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 isolation_level="read_committed",
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest", fetch_max_wait_ms=20)
     await consumer.start()
     try:
         consumer.subscribe([history])
@@ -615,14 +616,16 @@ def part_changelog(bootstrap: str, log_dir: Path, workers: list[Worker], prefixe
 
 async def _paced_runs(bootstrap: str, events: str, history: str,
                       runs: list[tuple[bytes, list[bytes]]], rate: float) -> list[float]:
-    """Produce the runs' records interleaved (one record of each run in turn) at
-    `rate` records/s; return, per run, seconds from producing its RUN_FINISHED to
-    its closing history record becoming readable (read_committed)."""
+    """Produce the runs' records interleaved (one record of each run in turn, the runs
+    starting staggered) at `rate` records/s; return, per run, seconds from producing
+    its RUN_FINISHED to its closing history record becoming readable
+    (read_committed)."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1,
                                 enable_idempotence=True)
+    # A short fetch wait: the reader's own delay is not the worker's latency.
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 isolation_level="read_committed",
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest", fetch_max_wait_ms=20)
     await producer.start()
     await consumer.start()
     finished_at: dict[str, float] = {}
@@ -641,11 +644,16 @@ async def _paced_runs(bootstrap: str, events: str, history: str,
 
         reader = asyncio.ensure_future(read_history())
         longest = max(len(values) for _, values in runs)
+        # Run i starts i/len(runs) of a run's length late, so the runs finish spread
+        # over several commit intervals, not in one burst at one phase of the commit
+        # timer (a single sample of the latency, however many runs).
+        starts = [number * longest // len(runs) for number in range(len(runs))]
         started = time.monotonic()
         sent = 0
-        for index in range(longest):
-            for key, values in runs:
-                if index < len(values):
+        for step in range(2 * longest):
+            for (key, values), start in zip(runs, starts, strict=True):
+                index = step - start
+                if 0 <= index < len(values):
                     await producer.send(events, values[index], key=key)
                     sent += 1
                     if index == len(values) - 1:
@@ -674,6 +682,8 @@ def part_concurrent(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
             for i in range(concurrent)]
     total = sum(len(values) for _, values in runs)
     try:
+        # Produced into a worker still joining, the first runs would wait for that too.
+        wait_for(worker.ready, 120, "the worker to be ready", worker.log_tail)
         latencies = sorted(asyncio.run(_paced_runs(bootstrap, ns.events, ns.history, runs,
                                                     rate)))
     finally:

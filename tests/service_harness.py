@@ -155,6 +155,15 @@ class Worker:
         except OSError:
             return False
 
+    def ready(self) -> bool:
+        """Whether the worker's /readyz says ready: in the group, its partitions
+        assigned and its tables recovered."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2):
+                return True
+        except OSError:  # 503 (HTTPError is an OSError) or not answering
+            return False
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return str(r.read().decode())
