@@ -4,7 +4,8 @@ The agent only decodes the Faust message into an `Incoming`, calls the
 processor (which never raises) and keeps what it returns for the record's
 partition. Nothing is awaited per record. When Faust commits, the worker first
 sends, per partition, the records its inputs produced and the state they
-changed (write-behind: at most one state entry and one text chunk per key),
+changed (write-behind: at most one state entry and one text chunk per key, a
+chunk split to stay within the largest record),
 each in the source partition's transaction, then Faust commits the offsets:
 with `exactly_once`, state, outputs and offsets are one Kafka transaction, so
 a crash replays onto consistent state. Faust's traps and the adaptations that
