@@ -617,14 +617,6 @@ class KeyEngine:
             self._remember(event["type"], event.get(ns.id_key), event.get("subagentRunId"),
                            fragments)
 
-    def _fragments(self, run: RunState, ns: _Namespace, item_id: str) -> Fragments:
-        """Where the deltas of a message or tool call the run holds go."""
-        if ns is _TOOL_CALLS:
-            call = self._tool_call(run, item_id)
-            assert call is not None  # started, so held
-            return self.content.fragments(_args_slot(run, call))
-        return self.content.fragments(_text_slot(run, run.messages[item_id]))
-
     def _remember(self, event_type: str, item_id: str | None, tag: str | None,
                   fragments: Fragments) -> None:
         """Set the delta memo: deltas of this type, id and tag go to these fragments."""
@@ -635,15 +627,16 @@ class KeyEngine:
 
     # --- reasoning and text messages -----------------------------------------------
 
-    def _reasoning_start(self, run: RunState, event: dict[str, Any]) -> None:
-        self._start_message(run, _REASONING, "reasoning", event)
+    def _reasoning_start(self, run: RunState, event: dict[str, Any]) -> MessageRecord:
+        return self._start_message(run, _REASONING, "reasoning", event)
 
-    def _text_start(self, run: RunState, event: dict[str, Any]) -> None:
-        self._start_message(run, _TEXT, event.get("role", "assistant"), event)
+    def _text_start(self, run: RunState, event: dict[str, Any]) -> MessageRecord:
+        return self._start_message(run, _TEXT, event.get("role", "assistant"), event)
 
     def _start_message(
         self, run: RunState, ns: _Namespace, role: str, event: dict[str, Any]
-    ) -> None:
+    ) -> MessageRecord:
+        """Open the message; the record it streams into."""
         message_id = event["messageId"]
         tag = event.get("subagentRunId")
         self._open(run, ns, message_id, tag)
@@ -661,6 +654,7 @@ class KeyEngine:
             record.content_base = ""  # a tool-call host now streams text too
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
+        return record
 
     def _append_text(
         self, run: RunState, message_id: str, delta: str, metadata: dict[str, Any] | None,
@@ -685,7 +679,8 @@ class KeyEngine:
                     return call
         return None
 
-    def _tool_start(self, run: RunState, event: dict[str, Any]) -> None:
+    def _tool_start(self, run: RunState, event: dict[str, Any]) -> ToolCallRecord:
+        """Open the tool call; the record its arguments stream into."""
         call_id = event["toolCallId"]
         tag = event.get("subagentRunId")
         self._open(run, _TOOL_CALLS, call_id, tag)
@@ -699,6 +694,7 @@ class KeyEngine:
             run.tool_index[call_id] = host.id
         if "metadata" in event:
             call.metadata = _merged(call.metadata, event["metadata"])
+        return call
 
     def _tool_host(
         self, run: RunState, parent_id: str | None, call_id: str, tag: str | None
@@ -831,20 +827,22 @@ def _closes(ns: _Namespace) -> _Handler:
     return close_item
 
 
-def _starts(start: _Handler, ns: _Namespace, deltas: str) -> _Handler:
-    """The handler of an explicit START of an item of `ns`: `start`, then the delta
-    memo takes the item's `deltas` (CONTENT or ARGS), which usually come next, from
-    the first one on.
+def _starts(start: Callable[[KeyEngine, RunState, dict[str, Any]],
+                            MessageRecord | ToolCallRecord], deltas: str) -> _Handler:
+    """The handler of an explicit START of an item: `start`, then the delta memo
+    takes the item's `deltas` (CONTENT or ARGS), which usually come next, from the
+    first one on.
 
     The START closed its own lane first, so no pending chunk item stands between
     it and such a delta (a chunk's expansion, which leaves its item pending in
     its lane, sets no memo here).
     """
     def start_item(engine: KeyEngine, run: RunState, event: dict[str, Any]) -> None:
-        start(engine, run, event)
-        item_id = event[ns.id_key]
-        engine._remember(deltas, item_id, event.get("subagentRunId"),
-                         engine._fragments(run, ns, item_id))
+        item = start(engine, run, event)
+        slot = (_args_slot(run, item) if isinstance(item, ToolCallRecord)
+                else _text_slot(run, item))
+        engine._remember(deltas, item.id, event.get("subagentRunId"),
+                         engine.content.fragments(slot))
     return start_item
 
 
@@ -921,17 +919,17 @@ _RULES: Final = {rule.event_type: rule for rule in (
     _Rule("REASONING_START", _opens(_SPANS), _Lanes.OWN),
     _Rule("REASONING_END", _closes(_SPANS), _Lanes.OWN),
     _Rule("REASONING_MESSAGE_START",
-          _starts(KeyEngine._reasoning_start, _REASONING, "REASONING_MESSAGE_CONTENT"),
+          _starts(KeyEngine._reasoning_start, "REASONING_MESSAGE_CONTENT"),
           _Lanes.OWN),
     _Rule("REASONING_MESSAGE_CONTENT", _continues(_REASONING), _Lanes.OWN, deltas=_REASONING),
     _Rule("REASONING_MESSAGE_END", _closes(_REASONING), _Lanes.OWN),
     _Rule("REASONING_MESSAGE_CHUNK", _chunks(ChunkKind.REASONING), _Lanes.KEPT, deltas=_REASONING),
-    _Rule("TEXT_MESSAGE_START", _starts(KeyEngine._text_start, _TEXT, "TEXT_MESSAGE_CONTENT"),
+    _Rule("TEXT_MESSAGE_START", _starts(KeyEngine._text_start, "TEXT_MESSAGE_CONTENT"),
           _Lanes.OWN),
     _Rule("TEXT_MESSAGE_CONTENT", _continues(_TEXT), _Lanes.OWN, deltas=_TEXT),
     _Rule("TEXT_MESSAGE_END", _closes(_TEXT), _Lanes.OWN),
     _Rule("TEXT_MESSAGE_CHUNK", _chunks(ChunkKind.TEXT), _Lanes.KEPT, deltas=_TEXT),
-    _Rule("TOOL_CALL_START", _starts(KeyEngine._tool_start, _TOOL_CALLS, "TOOL_CALL_ARGS"),
+    _Rule("TOOL_CALL_START", _starts(KeyEngine._tool_start, "TOOL_CALL_ARGS"),
           _Lanes.OWN),
     _Rule("TOOL_CALL_ARGS", _continues(_TOOL_CALLS), _Lanes.OWN, deltas=_TOOL_CALLS),
     _Rule("TOOL_CALL_END", _closes(_TOOL_CALLS), _Lanes.OWN),
