@@ -494,19 +494,13 @@ class CommitProducer(faust_aiokafka.Producer):
                           placed: list[Placed | None]) -> None:
         """Send a batch (complete, so it does not linger) and place its records."""
         batch.close()
-
-        async def send() -> asyncio.Future[Any]:
-            delivery: asyncio.Future[Any] = await producer.send_batch(
-                batch, topic, partition=partition)
-            return delivery
-
         if transactional_id is None:
-            delivery = await send()
+            delivery = await producer.send_batch(batch, topic, partition=partition)
         else:
-            async def send_locked() -> asyncio.Future[Any]:
+            async def send() -> Any:
                 async with self._trn_locks[transactional_id]:  # as Faust's own send
-                    return await send()
-            delivery = await _beginning_one_if_between(self, transactional_id, send_locked)
+                    return await producer.send_batch(batch, topic, partition=partition)
+            delivery = await _beginning_one_if_between(self, transactional_id, send)
         for place, index in enumerate(in_batch):
             placed[index] = (delivery, place)
 

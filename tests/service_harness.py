@@ -149,19 +149,19 @@ class Worker:
         if self.process.poll() is not None:
             raise AssertionError(f"worker exited with {self.process.returncode}\n"
                                  + self.log_tail())
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
-                return True
-        except OSError:
-            return False
+        return self._answers("/healthz")
 
     def ready(self) -> bool:
         """Whether the worker's /readyz says ready: in the group, its partitions
         assigned and its tables recovered."""
+        return self._answers("/readyz")
+
+    def _answers(self, path: str) -> bool:
+        """Whether the worker answers `path` with a success."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2):
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=2):
                 return True
-        except OSError:  # 503 (HTTPError is an OSError) or not answering
+        except OSError:  # an error status (HTTPError is an OSError), or no answer
             return False
 
     def metrics(self) -> str:
