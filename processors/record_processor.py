@@ -17,7 +17,7 @@ state that cannot be decoded fails that key's run once and frees it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,8 +37,12 @@ from processors.stored_keys import (
     decode_state,
     encode_chunks,
     encode_state,
+    join_state,
     legacy_text_keys,
     partition_of,
+    split_state,
+    state_part_key,
+    state_parts,
 )
 from topics.declarations import STATE_TABLE, TEXT_TABLE
 
@@ -72,7 +76,8 @@ class CachedKey:
     applied: Applied | None = None
     chunks: int = 0  # text chunks of the active run handed out so far (numbered from 0)
     stored_chunks: int = 0  # chunk numbers that may be stored (of any run): 0 .. n-1
-    persisted_state: bytes | None = None  # the state entry as last handed out
+    persisted_state: bytes | None = None  # the state entry as last handed out (whole)
+    stored_parts: int = 0  # parts of a split state entry that may be stored: 0 .. n-1
     freed: bool = False  # to delete at the next changes(), then forget
     stale_texts: list[bytes] = field(default_factory=list)  # text entries to delete
 
@@ -239,7 +244,10 @@ class RecordProcessor:
         value = self.stored.states.get(state_key)
         if value is None:
             return CachedKey.empty(partition, now)
+        parts = 0
         try:
+            parts = state_parts(value)
+            value = join_state(state_key, value, self.stored.texts)
             stored = decode_state(value)
             text = WriteBehindText()
             for number in range(stored.chunks):
@@ -257,14 +265,16 @@ class RecordProcessor:
                 if record is not None:
                     tenant = split_state_key(state_key)[0]
                     out.append(self.builder.dead_letter_for_exception(record, tenant))
-            cached.stored_chunks = self._stored_chunks(state_key)
+            cached.stored_chunks = self._stored_count(chunk_key, state_key)
+            cached.stored_parts = max(parts, self._stored_count(state_part_key, state_key))
             cached.stale_texts = legacy_text_keys(state_key, self.stored.texts)
             cached.persisted_state = value  # so that the new state replaces it
             self._part(partition).dirty[state_key] = None
             return cached
         return CachedKey(KeyEngine(stored.state, text), text, partition, now,
                          applied=stored.applied, chunks=stored.chunks,
-                         stored_chunks=stored.chunks, persisted_state=value)
+                         stored_chunks=stored.chunks, persisted_state=value,
+                         stored_parts=parts)
 
     def _touch(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         self._part(cached.partition).dirty[state_key] = None
@@ -303,19 +313,35 @@ class RecordProcessor:
             yield StateChange(TEXT_TABLE, chunk_key(state_key, number), None)
         cached.stored_chunks = keep
         if cached.freed:
-            if cached.persisted_state is not None:
-                yield StateChange(STATE_TABLE, state_key, None)
+            yield from self._state_entry(state_key, cached, None)
             # Cached until the commit that deletes it is applied (`drop_deleted_keys`):
             # until then the store still holds what it deletes, and a record for the
             # key in between must not read it.
-            cached.persisted_state = None
             self._deleted[state_key] = None
             return
         value = encode_state(cached.partition, cached.applied, cached.chunks,
                              cached.engine.state)
         if value != cached.persisted_state:
-            cached.persisted_state = value
-            yield StateChange(STATE_TABLE, state_key, value)
+            yield from self._state_entry(state_key, cached, value)
+
+    def _state_entry(self, state_key: bytes, cached: CachedKey,
+                     value: bytes | None) -> Iterator[StateChange]:
+        """The changes that store `value` (None: delete) as the key's state entry.
+
+        Split within the largest record the changelog takes: a run holding hundreds
+        of encrypted values made a state entry the broker refused, and every replay
+        refused it again.
+        """
+        head, parts = (None, []) if value is None else split_state(
+            value, self.builder.max_record_bytes)
+        for number, part in enumerate(parts):
+            yield StateChange(TEXT_TABLE, state_part_key(state_key, number), part)
+        for number in range(len(parts), cached.stored_parts):
+            yield StateChange(TEXT_TABLE, state_part_key(state_key, number), None)
+        cached.stored_parts = len(parts)
+        if head is not None or cached.persisted_state is not None:
+            yield StateChange(STATE_TABLE, state_key, head)
+        cached.persisted_state = value
 
     def _keys_of(self, partition: int, now: float, tick: Incoming,
                  out: list[Outgoing]) -> list[bytes]:
@@ -337,10 +363,11 @@ class RecordProcessor:
                                              split_state_key(state_key)[0], now))
         return list(part.keys)
 
-    def _stored_chunks(self, state_key: bytes) -> int:
-        """How many text chunks are stored for the key, counted up to the first gap."""
+    def _stored_count(self, key_of: Callable[[bytes, int], bytes], state_key: bytes) -> int:
+        """How many text entries (`chunk_key` or `state_part_key`) are stored for the key,
+        counted up to the first gap."""
         number = 0
-        while chunk_key(state_key, number) in self.stored.texts:
+        while key_of(state_key, number) in self.stored.texts:
             number += 1
         return number
 
@@ -360,8 +387,10 @@ class RecordProcessor:
             # Whatever the key had stored is deleted at the next changes().
             fresh.persisted_state = (self.stored.states.get(state_key) if old is None
                                      else old.persisted_state)
-            fresh.stored_chunks = max(self._stored_chunks(state_key),
+            fresh.stored_chunks = max(self._stored_count(chunk_key, state_key),
                                       0 if old is None else old.stored_chunks)
+            fresh.stored_parts = max(self._stored_count(state_part_key, state_key),
+                                     0 if old is None else old.stored_parts)
             self._cache[state_key] = fresh
             part = self._part(record.partition)
             part.keys[state_key] = None

@@ -10,7 +10,10 @@ A key is stored as one `run-state` entry and, while a run is active, a few
 * a text chunk (`state_key 0x01 <n>`) holds every fragment the key's run
   received between two commits, as (slot, text) pairs. Chunks are only ever
   appended, never rewritten, so the changelog stays linear in the input; the
-  run's chunks are deleted when it concludes.
+  run's chunks are deleted when it concludes;
+* a state entry larger than the changelog takes (a run holding hundreds of
+  encrypted values) is stored split: a head entry in the state table and the
+  engine state in parts (`state_key 0x03 <n>`) beside the chunks.
 
 The state entry and the chunks of one commit go out in the source partition's
 transaction with the input offsets, so a crash replays onto exactly the state
@@ -28,8 +31,11 @@ from processors.engine.content import InMemoryContentStore
 from processors.engine.state import KeyState
 
 _FORMAT = 2  # first byte of a state entry; anything else is not ours to read
+_SPLIT_FORMAT = 3  # first byte of a split state entry's head
 _STATE_HEADER = struct.Struct(">BIqIH")  # format, partition, applied offset, chunks, topic length
+_PART_COUNT = struct.Struct(">I")  # after a head's topic: how many parts hold the engine state
 _CHUNK_MARK = b"\x01"
+_PART_MARK = b"\x03"
 _CHUNK_NUMBER = struct.Struct(">I")
 _FRAGMENT_HEADER = struct.Struct(">II")  # slot, byte length
 
@@ -79,9 +85,52 @@ def decode_state(value: bytes) -> StoredKey:
     return StoredKey(partition, applied, chunks, state)
 
 
+def split_state(value: bytes, limit: int) -> tuple[bytes, list[bytes]]:
+    """A state entry as stored: `(value, [])` when it is within `limit` bytes, else a
+    head and the engine state in parts of at most `limit` bytes (`state_part_key`).
+
+    One commit writes the head and all its parts, so a restore never sees a mix.
+    """
+    if len(value) <= limit:
+        return value, []
+    start = _STATE_HEADER.size + _STATE_HEADER.unpack_from(value)[4]
+    size = max(limit, 1)
+    parts = [value[at:at + size] for at in range(start, len(value), size)]
+    head = bytes([_SPLIT_FORMAT]) + value[1:start] + _PART_COUNT.pack(len(parts))
+    return head, parts
+
+
+def state_parts(stored: bytes) -> int:
+    """How many parts a stored state entry names (0: it holds its engine state)."""
+    if len(stored) < _STATE_HEADER.size or stored[0] != _SPLIT_FORMAT:
+        return 0
+    try:
+        start = _STATE_HEADER.size + _STATE_HEADER.unpack_from(stored)[4]
+        return int(_PART_COUNT.unpack_from(stored, start)[0])
+    except struct.error:
+        raise UndecodableState("truncated state head") from None
+
+
+def join_state(state_key: bytes, stored: bytes, texts: Mapping[bytes, bytes]) -> bytes:
+    """The whole state entry of a stored one: a split entry's parts joined again."""
+    count = state_parts(stored)
+    if count == 0:
+        return stored
+    start = len(stored) - _PART_COUNT.size
+    try:
+        parts = [texts[state_part_key(state_key, number)] for number in range(count)]
+    except KeyError:
+        raise UndecodableState("missing state part") from None
+    return bytes([_FORMAT]) + stored[1:start] + b"".join(parts)
+
+
+def state_part_key(state_key: bytes, number: int) -> bytes:
+    return state_key + _PART_MARK + _CHUNK_NUMBER.pack(number)
+
+
 def partition_of(value: bytes) -> int | None:
     """The partition a state entry belongs to (None: unreadable)."""
-    if len(value) >= _STATE_HEADER.size and value[0] == _FORMAT:
+    if len(value) >= _STATE_HEADER.size and value[0] in (_FORMAT, _SPLIT_FORMAT):
         return int(_STATE_HEADER.unpack_from(value)[1])
     if decode_legacy_state(value) is not None:
         return int(_LEGACY_PARTITION.unpack_from(value)[0])
@@ -99,7 +148,7 @@ _LEGACY_FRAGMENT_NUMBER = struct.Struct(">Q")
 
 def decode_legacy_state(value: bytes) -> KeyState | None:
     """The engine state of a state entry in the encoding before write-behind, or None."""
-    if len(value) <= _LEGACY_PARTITION.size or value[0] == _FORMAT:
+    if len(value) <= _LEGACY_PARTITION.size or value[0] in (_FORMAT, _SPLIT_FORMAT):
         return None
     try:
         return KeyState.from_json(value[_LEGACY_PARTITION.size:])

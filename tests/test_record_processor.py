@@ -22,8 +22,20 @@ from processors.record_processor import (
     StoredTables,
     state_key_for,
 )
-from processors.stored_keys import WriteBehindText, chunk_key, decode_chunk, encode_chunks
+from processors.stored_keys import (
+    Applied,
+    WriteBehindText,
+    chunk_key,
+    decode_chunk,
+    encode_chunks,
+    encode_state,
+    join_state,
+    partition_of,
+    split_state,
+    state_part_key,
+)
 from tests.engine_helpers import (
+    enc,
     r_content,
     r_end,
     r_start,
@@ -174,6 +186,82 @@ def test_text_streamed_between_two_commits_is_stored_in_records_the_changelog_ta
     out = crash_and_replay_with(committed, records, len(records) - 2, limit)
     assert [h["message"].get("content") for h in history(out) if h["kind"] == "message"] == [
         "".join(words), "".join(reversed(words))]
+
+
+def reasoning_with_encrypted_values(run: str, count: int) -> list[dict[str, Any]]:
+    """A run holding `count` encrypted values of 1 KB, in its state until it ends."""
+    events: list[dict[str, Any]] = [run_started(run)]
+    for number in range(count):
+        mid = f"rm-{number}"
+        events += [r_start(mid), r_content(mid, "think"), r_end(mid),
+                   enc(mid, f"{number:04d}" + "e" * 1020)]
+    return [*events, run_finished(run)]
+
+
+def test_a_run_state_larger_than_a_record_is_stored_split_and_restored_whole() -> None:
+    """A run holding many encrypted values made a state entry larger than the
+    changelog takes: the commit failed, and so did every replay of it."""
+    committed = Committed()
+    limit = 10_000
+    processor = committed.processor(max_record_bytes=limit)
+    feeder = Feeder()
+    records = [feeder.record(e) for e in reasoning_with_encrypted_values("r1", 30)]
+    feed(processor, records[:-1])
+    committed.commit(processor)
+    stored = [*committed.tables[STATE_TABLE].values(), *committed.tables[TEXT_TABLE].values()]
+    assert sum(map(len, stored)) > 30_000 and all(len(value) <= limit for value in stored)
+    out = crash_and_replay_with(committed, records, len(records) - 1, limit)
+    values = [h["message"].get("encryptedValue") for h in history(out)
+              if h["kind"] == "message"]
+    assert values == [f"{number:04d}" + "e" * 1020 for number in range(30)]
+
+
+def committed_split_state() -> tuple[Committed, RecordProcessor, Feeder]:
+    """A run open across a commit, its state stored split (the limit 10,000 B)."""
+    committed = Committed()
+    processor = committed.processor(max_record_bytes=10_000)
+    feeder = Feeder()
+    feed(processor, (feeder.record(e) for e in reasoning_with_encrypted_values("r1", 30)[:-1]))
+    committed.commit(processor)
+    return committed, processor, feeder
+
+
+def test_a_split_state_that_shrinks_or_ends_leaves_no_part_behind() -> None:
+    committed, processor, feeder = committed_split_state()
+    assert len(committed.tables[TEXT_TABLE]) > 1
+    feed(processor, [feeder.record(run_finished("r1"))])
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}  # the state entry is whole again
+    processor.sweep(0, IDLE + 1, feeder.record(b"tick"))
+    committed.commit(processor)
+    assert committed.tables == {STATE_TABLE: {}, TEXT_TABLE: {}}
+
+
+def test_a_split_state_missing_a_part_fails_its_run_once_and_is_freed() -> None:
+    committed, _, feeder = committed_split_state()
+    state_key = state_key_for("default", b"k1")
+    del committed.tables[TEXT_TABLE][state_part_key(state_key, 1)]
+    restarted = committed.processor(max_record_bytes=10_000)
+    out = feed(restarted, [feeder.record(run_finished("r1"))])
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    committed.commit(restarted)
+    assert committed.tables[TEXT_TABLE] == {}
+    again = feed(restarted, (feeder.record(e) for e in text_run("r2", ["x"])))
+    assert dead_letters(again) == [] and contents(again) == ["x"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.binary(max_size=400), topic=st.text(max_size=20),
+       limit=st.integers(1, 400))
+def test_a_split_state_entry_joins_to_the_entry_it_was_split_from(
+        body: bytes, topic: str, limit: int) -> None:
+    state_key = b"tenant\x00key"
+    value = encode_state(3, Applied(topic, 7), 2, KeyState()) + body
+    head, parts = split_state(value, limit)
+    assert all(len(part) <= limit for part in parts)
+    texts = {state_part_key(state_key, n): part for n, part in enumerate(parts)}
+    assert join_state(state_key, head, texts) == value
+    assert partition_of(head) == 3
 
 
 @settings(max_examples=300, deadline=None)

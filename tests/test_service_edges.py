@@ -78,7 +78,14 @@ def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
     ]
     valid = [(b"after-the-poison", value, []) for value in run_events(
         "t-ok", "ok", *reasoning("rm-ok", "fine"), encrypted("rm-ok", "enc-ok"))]
-    produce(kafka_bootstrap, namespace.events, [*poison, *valid])
+    # A run holding more encrypted values than one changelog record takes (1.25 MB,
+    # open across commits): its state entry is stored split, not refused by the broker.
+    held = [f"{number:03d}-" + "E" * 5_000 for number in range(250)]
+    *holding, held_end = run_events("t", "held", *(event for number, value in enumerate(held)
+                                                  for event in (*reasoning(f"h{number}", "r"),
+                                                                encrypted(f"h{number}", value))))
+    produce(kafka_bootstrap, namespace.events,
+            [*poison, *((b"held", value, []) for value in holding), *valid])
 
     worker = Worker(namespace, tmp_path, AGUI_MAX_RECORD_BYTES="100000").start()
     try:
@@ -87,6 +94,10 @@ def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
             "the valid run and the huge run to conclude", worker.log_tail)
         dead = TopicReader(kafka_bootstrap, namespace.deadletter).wait_until(
             lambda recs: len(recs) >= 9, 60, "the dead letters", worker.log_tail)
+        produce(kafka_bootstrap, namespace.events, [(b"held", held_end, [])])
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda recs: "held" in {r["runId"] for r in closing(recs)}, 60,
+            "the run holding 250 encrypted values to conclude", worker.log_tail)
         metrics = worker.metrics()
         assert worker.process is not None and worker.process.poll() is None  # still running
     finally:
@@ -116,6 +127,8 @@ def test_poison_input_reaches_the_dead_letter_topic_and_the_worker_goes_on(
                    if r.value["kind"] == "message" and r.value.get("runId") == "ok"]
     assert ok_messages == [{"id": "rm-ok", "role": "reasoning", "content": "fine",
                             "encryptedValue": "enc-ok"}]
+    assert [r.value["message"]["encryptedValue"] for r in history
+            if r.value["kind"] == "message" and r.value.get("runId") == "held"] == held
 
 
 def test_a_worker_at_debug_level_prints_none_of_the_secrets_it_processes(
