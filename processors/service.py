@@ -121,12 +121,17 @@ class WorkerCommitBatch:
         self.processor = processor
         self.view = view
         self._sent: list[tuple[StateChange, Placed]] = []
+        self._delivered: dict[asyncio.Future[Any], Any] = {}  # a batch's delivery -> metadata
 
     async def send(self) -> None:
         """Each partition's records in its own transaction (Faust's
         TransactionManager would pick it by the *output* record's partition; history
-        is keyed by thread, so it would commit apart from the input offsets). If
-        anything cannot be sent, exit without a commit (see stop_without_commit)."""
+        is keyed by thread, so it would commit apart from the input offsets), waited
+        for until the broker has them: offsets added to a transaction while its
+        records are still being produced made the broker refuse them for a moment
+        (NOT_ENOUGH_REPLICAS while it verifies the transaction), and the producer
+        retried only after its backoff. If anything cannot be sent, exit without a
+        commit (see stop_without_commit)."""
         changelogs = {name: table.changelog_topic.get_topic_name()
                       for name, table in self.tables.items()}
         try:
@@ -136,24 +141,20 @@ class WorkerCommitBatch:
                 records += [OutRecord(changelogs[change.table], part.partition, change.key,
                                       change.value, None) for change in part.changes]
                 placed = await self.producer.send_batched(records, part.transaction)
+                self._delivered.update(dict.fromkeys(delivery for delivery, _place in placed))
                 self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
+            for delivery in self._delivered:
+                self._delivered[delivery] = await delivery
         except Exception as error:
             stop_without_commit("the records produced since the last commit", error)
 
     async def apply(self) -> None:
         """Apply the committed state changes to the local stores, as recovery would."""
-        batches: dict[asyncio.Future[Any], Any] = {}  # delivery -> the batch's metadata
-        try:
-            for _change, (delivery, _place) in self._sent:
-                if delivery not in batches:
-                    batches[delivery] = await delivery
-        except Exception as error:
-            stop_without_commit("state changes that were not delivered", error)
         assigned = {tp.partition for tp in self.app.consumer.assignment()}
         # Faust's stores read only what _SentEntry has of an event.
         entries: dict[str, list[Any]] = {name: [] for name in self.tables}
         for change, (delivery, place) in self._sent:
-            batch = batches[delivery]
+            batch = self._delivered[delivery]
             if batch.partition in assigned:
                 entries[change.table].append(_SentEntry(change, batch, place))
         for name, table in self.tables.items():

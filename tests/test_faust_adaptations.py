@@ -269,6 +269,41 @@ def test_with_every_partition_waiting_for_its_queue_the_consumer_looks_again_soo
     asyncio.run(scenario())
 
 
+def test_commits_start_every_commit_interval_however_long_each_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faust slept the interval after each commit: commits started every interval plus
+    the commit's duration, and a record's history waited that much longer."""
+    clock = [0.0]
+    monkeypatch.setattr("processors.faust_adaptations.time.monotonic", lambda: clock[0])
+    starts: list[float] = []
+
+    class Enough(Exception):
+        pass
+
+    async def scenario() -> None:
+        consumer = await _consumer()
+        consumer.commit_interval = 2.0
+
+        async def sleep(seconds: float) -> None:
+            clock[0] += max(seconds, 0.0)
+
+        async def commit(*args: Any, **kwargs: Any) -> bool:
+            starts.append(clock[0])
+            clock[0] += 0.5 if len(starts) < 3 else 3.0  # the third overruns the interval
+            if len(starts) == 5:
+                raise Enough
+            return True
+
+        monkeypatch.setattr(consumer, "sleep", sleep)
+        monkeypatch.setattr(consumer, "commit", commit)
+        with pytest.raises(Enough):
+            await WholeRecordConsumer._commit_handler.fun(consumer)
+
+    asyncio.run(scenario())
+    assert starts == [2.0, 4.0, 6.0, 9.0, 12.0]
+
+
 def test_a_delivery_that_completes_at_once_wins_without_a_task() -> None:
     async def scenario() -> None:
         consumer = await _consumer()
