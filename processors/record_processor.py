@@ -30,6 +30,8 @@ from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.safe_logging import log_exception_kind
 from processors.stored_keys import (
     Applied,
+    StoredKey,
+    UndecodableState,
     WriteBehindText,
     chunk_key,
     decode_chunk,
@@ -77,6 +79,7 @@ class CachedKey:
     chunks: int = 0  # text chunks of the active run handed out so far (numbered from 0)
     stored_chunks: int = 0  # chunk numbers that may be stored (of any run): 0 .. n-1
     persisted_state: bytes | None = None  # the state entry as last handed out (whole)
+    persisted_body: bytes | None = None  # its engine state, if handed out since the load
     stored_parts: int = 0  # parts of a split state entry that may be stored: 0 .. n-1
     freed: bool = False  # to delete at the next changes(), then forget
     stale_texts: list[bytes] = field(default_factory=list)  # text entries to delete
@@ -250,8 +253,7 @@ class RecordProcessor:
             value = join_state(state_key, value, self.stored.texts)
             stored = decode_state(value)
             text = WriteBehindText()
-            for number in range(stored.chunks):
-                text.restore(decode_chunk(self.stored.texts[chunk_key(state_key, number)]))
+            applied, chunks = self._restore_text(state_key, stored, text)
         except Exception as error:
             legacy = decode_legacy_state(value)
             if legacy is not None and legacy.run is None:
@@ -272,9 +274,30 @@ class RecordProcessor:
             self._part(partition).dirty[state_key] = None
             return cached
         return CachedKey(KeyEngine(stored.state, text), text, partition, now,
-                         applied=stored.applied, chunks=stored.chunks,
-                         stored_chunks=stored.chunks, persisted_state=value,
-                         stored_parts=parts)
+                         applied=applied, chunks=chunks,
+                         stored_chunks=self._stored_count(chunk_key, state_key),
+                         persisted_state=value, stored_parts=parts)
+
+    def _restore_text(self, state_key: bytes, stored: StoredKey,
+                      text: WriteBehindText) -> tuple[Applied | None, int]:
+        """Restore the active run's chunks into `text`; return the key's replay guard
+        and the run's chunk count. Chunks past the state entry's count were written
+        by commits of deltas only, and the last one's guard is the newest."""
+        applied = stored.applied
+        number = 0
+        while True:
+            chunk = self.stored.texts.get(chunk_key(state_key, number))
+            if chunk is None:
+                if number < stored.chunks:
+                    raise UndecodableState(f"text chunk {number} of {stored.chunks} missing")
+                return applied, number
+            if number >= stored.chunks and stored.state.run is None:
+                return applied, number  # an ended run's leftovers: deleted, not restored
+            guard, fragments = decode_chunk(chunk)
+            text.restore(fragments)
+            if number >= stored.chunks and guard is not None:
+                applied = guard
+            number += 1
 
     def _touch(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         self._part(cached.partition).dirty[state_key] = None
@@ -298,13 +321,15 @@ class RecordProcessor:
         run_active = cached.engine.state.run is not None
         if cleared or not run_active:
             cached.chunks = 0  # the chunks stored so far are an earlier run's
+        wrote_chunk = False
         if fresh and run_active and not cached.freed:
             # Within the largest record the changelog takes: a long message streamed
             # between two commits made a chunk the broker refused (the worker could
             # not commit, and the replay refused it again).
-            for chunk in encode_chunks(fresh, self.builder.max_record_bytes):
+            for chunk in encode_chunks(fresh, self.builder.max_record_bytes, cached.applied):
                 yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks), chunk)
                 cached.chunks += 1
+                wrote_chunk = True
         for stale in cached.stale_texts:
             yield StateChange(TEXT_TABLE, stale, None)
         cached.stale_texts = []
@@ -314,15 +339,19 @@ class RecordProcessor:
         cached.stored_chunks = keep
         if cached.freed:
             yield from self._state_entry(state_key, cached, None)
+            cached.persisted_body = None
             # Cached until the commit that deletes it is applied (`drop_deleted_keys`):
             # until then the store still holds what it deletes, and a record for the
             # key in between must not read it.
             self._deleted[state_key] = None
             return
-        value = encode_state(cached.partition, cached.applied, cached.chunks,
-                             cached.engine.state)
+        body = cached.engine.state.to_json()
+        if wrote_chunk and not cleared and body == cached.persisted_body:
+            return  # deltas only: the stored entry holds, the chunk carries the guard
+        value = encode_state(cached.partition, cached.applied, cached.chunks, body)
         if value != cached.persisted_state:
             yield from self._state_entry(state_key, cached, value)
+            cached.persisted_body = body
 
     def _state_entry(self, state_key: bytes, cached: CachedKey,
                      value: bytes | None) -> Iterator[StateChange]:

@@ -4,13 +4,17 @@ A key is stored as one `run-state` entry and, while a run is active, a few
 `run-text` entries:
 
 * the state entry (`state_key`) holds the engine's state, the partition the
-  key lives on, how many text chunks the run has stored, and the replay guard
-  (the last input record applied to the key). It is rewritten at most once
-  per commit, and only when something changed;
+  key lives on, how many text chunks the run had stored when it was written,
+  and the replay guard (the last input record applied to the key). It is
+  rewritten at most once per commit, and only when the engine state changed
+  or no chunk carries the newer guard;
 * a text chunk (`state_key 0x01 <n>`) holds every fragment the key's run
-  received between two commits, as (slot, text) pairs. Chunks are only ever
-  appended, never rewritten, so the changelog stays linear in the input; the
-  run's chunks are deleted when it concludes;
+  received between two commits, as (slot, text) pairs, and the replay guard of
+  its commit. Chunks are only ever appended, never rewritten, so the changelog
+  stays linear in the input; a commit of deltas only writes its chunk and not
+  the state entry (the chunks past the state entry's count are the run's
+  later ones, and the last one's guard is the key's). The run's chunks are
+  deleted when it concludes;
 * a state entry larger than the changelog takes (a run holding hundreds of
   encrypted values) is stored split: a head entry in the state table and the
   engine state in parts (`state_key 0x03 <n>`) beside the chunks.
@@ -38,6 +42,8 @@ _CHUNK_MARK = b"\x01"
 _PART_MARK = b"\x03"
 _CHUNK_NUMBER = struct.Struct(">I")
 _FRAGMENT_HEADER = struct.Struct(">II")  # slot, byte length
+_GUARDED = 1  # first byte of a chunk carrying its replay guard (before: a slot's high byte, 0)
+_GUARD_HEADER = struct.Struct(">BqH")  # _GUARDED, applied offset, topic length
 
 
 class UndecodableState(ValueError):
@@ -61,11 +67,11 @@ class StoredKey:
     state: KeyState
 
 
-def encode_state(partition: int, applied: Applied | None, chunks: int, state: KeyState) -> bytes:
+def encode_state(partition: int, applied: Applied | None, chunks: int, body: bytes) -> bytes:
+    """A state entry; `body` is the engine state's JSON (`KeyState.to_json`)."""
     topic = b"" if applied is None else applied.topic.encode()
     offset = -1 if applied is None else applied.offset
-    return (_STATE_HEADER.pack(_FORMAT, partition, offset, chunks, len(topic)) + topic
-            + state.to_json())
+    return _STATE_HEADER.pack(_FORMAT, partition, offset, chunks, len(topic)) + topic + body
 
 
 def decode_state(value: bytes) -> StoredKey:
@@ -174,30 +180,35 @@ def chunk_key(state_key: bytes, number: int) -> bytes:
     return state_key + _CHUNK_MARK + _CHUNK_NUMBER.pack(number)
 
 
-def encode_chunks(fragments: list[tuple[int, str]], limit: int) -> list[bytes]:
+def encode_chunks(fragments: list[tuple[int, str]], limit: int,
+                  guard: Applied | None) -> list[bytes]:
     """The fragments as chunks of at most `limit` bytes each (a record the changelog
-    takes), in order: a slot's text too long for one is split between characters
-    into consecutive fragments, which `restore` joins again."""
-    limit = max(limit, _FRAGMENT_HEADER.size + 4)  # a fragment of one character fits
+    takes), in order, each carrying the replay guard: a slot's text too long for
+    one is split between characters into consecutive fragments, which `restore`
+    joins again."""
+    topic = b"" if guard is None else guard.topic.encode()
+    offset = -1 if guard is None else guard.offset
+    header = _GUARD_HEADER.pack(_GUARDED, offset, len(topic)) + topic
+    limit = max(limit, len(header) + _FRAGMENT_HEADER.size + 4)  # one character fits
     chunks: list[bytes] = []
-    parts: list[bytes] = []
-    size = 0
+    parts: list[bytes] = [header]
+    size = len(header)
     for slot, text in fragments:
         data = text.encode("utf-8", "surrogatepass")
         start = 0
         while True:
             room = limit - size - _FRAGMENT_HEADER.size
             end = _character_boundary(data, min(len(data), start + max(room, 0)))
-            if parts and (room < 0 or end == start < len(data)):  # full: the next chunk
+            if len(parts) > 1 and (room < 0 or end == start < len(data)):  # full: the next
                 chunks.append(b"".join(parts))
-                parts, size = [], 0
+                parts, size = [header], len(header)
                 continue
             parts += (_FRAGMENT_HEADER.pack(slot, end - start), data[start:end])
             size += _FRAGMENT_HEADER.size + end - start
             start = end
             if start >= len(data):
                 break
-    if parts:
+    if len(parts) > 1:
         chunks.append(b"".join(parts))
     return chunks
 
@@ -209,9 +220,17 @@ def _character_boundary(data: bytes, position: int) -> int:
     return position
 
 
-def decode_chunk(value: bytes) -> list[tuple[int, str]]:
-    fragments: list[tuple[int, str]] = []
+def decode_chunk(value: bytes) -> tuple[Applied | None, list[tuple[int, str]]]:
+    """The chunk's replay guard (None: written before chunks carried one) and its
+    fragments."""
+    guard = None
     position = 0
+    if value[:1] == bytes([_GUARDED]):
+        _mark, offset, topic_size = _GUARD_HEADER.unpack_from(value)
+        position = _GUARD_HEADER.size + topic_size
+        if offset >= 0:
+            guard = Applied(value[_GUARD_HEADER.size:position].decode(), offset)
+    fragments: list[tuple[int, str]] = []
     while position < len(value):
         slot, size = _FRAGMENT_HEADER.unpack_from(value, position)
         position += _FRAGMENT_HEADER.size
@@ -220,7 +239,7 @@ def decode_chunk(value: bytes) -> list[tuple[int, str]]:
             raise UndecodableState("truncated text chunk")
         fragments.append((slot, data.decode("utf-8", "surrogatepass")))
         position += size
-    return fragments
+    return guard, fragments
 
 
 class WriteBehindText(InMemoryContentStore):

@@ -146,7 +146,7 @@ def test_a_run_publishes_its_history_and_leaves_no_text_behind() -> None:
     assert len(committed.tables[STATE_TABLE]) == 1  # the key's phase and replay guard
 
 
-def test_state_is_written_once_per_commit_and_text_as_one_chunk_per_commit() -> None:
+def test_a_commit_of_deltas_writes_one_chunk_and_no_state_entry() -> None:
     committed = Committed()
     processor = committed.processor()
     feeder = Feeder()
@@ -156,13 +156,28 @@ def test_state_is_written_once_per_commit_and_text_as_one_chunk_per_commit() -> 
         committed.commit(processor)
     state_key = state_key_for("default", b"k1")
     assert sorted(committed.tables[TEXT_TABLE]) == [chunk_key(state_key, n) for n in range(10)]
-    # 10 commits of 100 deltas: one chunk and one state entry each (+ the first state).
-    assert committed.changelog_records == 20
+    # 10 commits of 100 deltas: one chunk each, and the state entry with the first.
+    assert committed.changelog_records == 11
     out = feed(processor, [feeder.record(r_end("rm")), feeder.record(run_finished("r1"))])
     committed.commit(processor)
     expected = "".join(f"{c}.{i} " for c in range(10) for i in range(100))
     assert contents(out) == [expected]
     assert committed.tables[TEXT_TABLE] == {}
+
+
+def test_a_replay_after_commits_of_deltas_only_skips_what_their_chunks_guard() -> None:
+    """The state entry of a run streaming deltas is older than its last chunk: the
+    chunks past its count are restored, and the last one's guard is the key's."""
+    feeder = Feeder()
+    records = [feeder.record(e) for e in text_run("r1", [f"w{i} " for i in range(30)])]
+    committed = Committed()
+    processor = committed.processor()
+    for start, end in ((0, 5), (5, 12), (12, 20)):  # the run starts, then deltas only
+        feed(processor, records[start:end])
+        committed.commit(processor)
+    assert committed.changelog_records == 4  # the first commit's state entry, 3 chunks
+    out = crash_and_replay(committed, records, 9)  # offsets 9..19 again, then the rest
+    assert contents(out) == ["".join(f"w{i} " for i in range(30))]
 
 
 def test_text_streamed_between_two_commits_is_stored_in_records_the_changelog_takes(
@@ -256,7 +271,7 @@ def test_a_split_state_missing_a_part_fails_its_run_once_and_is_freed() -> None:
 def test_a_split_state_entry_joins_to_the_entry_it_was_split_from(
         body: bytes, topic: str, limit: int) -> None:
     state_key = b"tenant\x00key"
-    value = encode_state(3, Applied(topic, 7), 2, KeyState()) + body
+    value = encode_state(3, Applied(topic, 7), 2, KeyState().to_json() + body)
     head, parts = split_state(value, limit)
     assert all(len(part) <= limit for part in parts)
     texts = {state_part_key(state_key, n): part for n, part in enumerate(parts)}
@@ -266,14 +281,18 @@ def test_a_split_state_entry_joins_to_the_entry_it_was_split_from(
 
 @settings(max_examples=300, deadline=None)
 @given(fragments=st.lists(st.tuples(st.integers(0, 5), st.text(max_size=300)), max_size=8),
-       limit=st.integers(1, 400))
-def test_chunks_stay_within_their_limit_and_restore_every_slot_s_text(
-        fragments: list[tuple[int, str]], limit: int) -> None:
-    chunks = encode_chunks(fragments, limit)
-    assert all(len(chunk) <= max(limit, 12) for chunk in chunks)
+       limit=st.integers(1, 400),
+       guard=st.none() | st.builds(Applied, st.text(max_size=20), st.integers(0, 2**63 - 1)))
+def test_chunks_stay_within_their_limit_and_restore_every_slot_s_text_and_guard(
+        fragments: list[tuple[int, str]], limit: int, guard: Applied | None) -> None:
+    chunks = encode_chunks(fragments, limit, guard)
+    header = 11 + (0 if guard is None else len(guard.topic.encode()))
+    assert all(len(chunk) <= max(limit, header + 12) for chunk in chunks)
     restored, expected = WriteBehindText(), WriteBehindText()
     for chunk in chunks:
-        restored.restore(decode_chunk(chunk))
+        chunk_guard, chunk_fragments = decode_chunk(chunk)
+        assert chunk_guard == guard
+        restored.restore(chunk_fragments)
     for slot, text in fragments:
         expected.restore([(slot, text)])
     assert restored.texts() == expected.texts()
@@ -317,6 +336,62 @@ def test_a_crash_between_commits_replays_onto_the_committed_state() -> None:
     assert lost == []
     out = crash_and_replay(committed, records, 12)
     assert contents(out) == ["".join(f"w{i} " for i in range(30))]
+
+
+def mixed_run(key: int, run: int, words: int) -> list[dict[str, Any]]:
+    """A run with a reasoning message (and its encrypted value) and a text message;
+    a key's runs of the same number and words are identical (a client's retry)."""
+    name = f"r{key}-{run}"
+    return [run_started(name), r_start("rm" + name),
+            *(r_content("rm" + name, f"{name}.{i} ") for i in range(words)), r_end("rm" + name),
+            enc("rm" + name, "v" + name), t_start("tm" + name, role="assistant"),
+            *(t_content("tm" + name, f"{i}/{name} ") for i in range(words)), t_end("tm" + name),
+            run_finished(name)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_a_crash_anywhere_replays_to_exactly_the_outputs_of_no_crash(data: st.DataObject) -> None:
+    """Keys streaming runs interleaved, commits at arbitrary records, a crash at an
+    arbitrary record, and a restart from the last commit or any offset before it
+    (the offset fetch can race a commit): what was committed plus what the
+    restarted processor publishes is exactly what a processor that never crashed
+    published."""
+    queues = [[event for _ in range(data.draw(st.integers(1, 3)))
+               for event in mixed_run(key, data.draw(st.integers(0, 1)),
+                                      data.draw(st.integers(0, 10)))]
+              for key in range(3)]
+    order = data.draw(st.permutations([key for key, queue in enumerate(queues) for _ in queue]))
+    feeder = Feeder()
+    positions = [0, 0, 0]
+    records = []
+    for key in order:
+        records.append(feeder.record(queues[key][positions[key]], key=f"k{key}".encode()))
+        positions[key] += 1
+    commits = set(data.draw(st.lists(st.integers(1, len(records)), max_size=20)))
+    crash = data.draw(st.integers(0, len(records)))
+
+    def outputs(out: list[Outgoing]) -> list[bytes]:
+        return [o.value for o in out if o.topic == HISTORY]
+
+    expected = outputs(feed(Committed().processor(), records))
+    committed = Committed()
+    processor = committed.processor()
+    published: list[bytes] = []
+    pending: list[bytes] = []
+    resume = 0
+    for index, record in enumerate(records[:crash]):
+        pending += outputs(processor.process(record, 0.0))
+        if index + 1 in commits:
+            committed.commit(processor)
+            published, pending, resume = published + pending, [], index + 1
+    restarted = committed.processor()
+    replay = data.draw(st.integers(0, resume))
+    for index, record in enumerate(records[replay:], start=replay):
+        published += outputs(restarted.process(record, 0.0))
+        if index + 1 in commits and index >= resume:
+            committed.commit(restarted)
+    assert published == expected
 
 
 def test_records_replayed_from_an_older_offset_are_skipped_not_published_again() -> None:
