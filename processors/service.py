@@ -184,7 +184,9 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
         consumer_auto_offset_reset="earliest",
         consumer_group_instance_id=settings.group_instance_id,
         broker_session_timeout=settings.session_timeout_seconds,
-        broker_heartbeat_interval=min(3.0, settings.session_timeout_seconds / 3),
+        # A leave is learnt at the next heartbeat: with 3 s between heartbeats that
+        # was up to 3 s of the pause a scale-in makes (issue 9); a heartbeat is tiny.
+        broker_heartbeat_interval=min(1.0, settings.session_timeout_seconds / 3),
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=True,
