@@ -117,6 +117,10 @@ class CurrentGenerationQueue(ThrowableQueue[Any]):
 # to drain (they are not in the fetch; one that resumes meanwhile joins the next).
 _RESUME_POLL_SECONDS: Final = 0.05
 
+# How long the broker holds a fetch that finds no records (Faust: 1.5 s; aiokafka's own
+# default is 0.5 s). An idle worker sends about ten empty fetches a second.
+FETCH_MAX_WAIT_MS: Final = 100
+
 
 class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust: with exactly_once, recovery reads each changelog up to the consumer's
@@ -129,6 +133,18 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     topics' ends are the broker's.
     Proof: the join/leave test (runs on stale state failed as run_not_started);
     benchmarks/rebalance_pause.py (a join paused every partition 14 s)."""
+
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        """Faust makes the broker hold a fetch that finds nothing for 1.5 s, and aiokafka
+        sends a broker no fetch while one is in flight. So when table recovery, having
+        read the changelogs to their ends, paused them and resumed the streams, the
+        streams were fetched only once the changelogs' fetch had waited out its 1.5 s
+        (every partition idle meanwhile, after "Worker ready"); likewise when recovery
+        began. Here the broker holds an empty fetch `FETCH_MAX_WAIT_MS`.
+        Proof: tests/test_faust_adaptations.py; benchmarks/rebalance_pause.py."""
+        consumer: aiokafka.AIOKafkaConsumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts
+        return consumer
 
     async def _fetch_records(self, consumer: aiokafka.AIOKafkaConsumer,
                              active_partitions: set[TP], timeout: float | None = None,

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from processors.config import Settings
 from processors.faust_adaptations import (
+    FETCH_MAX_WAIT_MS,
     AdaptedApp,
     CachedKeyPartitioner,
     CommitProducer,
@@ -82,6 +83,24 @@ def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
     assert isinstance(app.monitor, LeanMonitor)
     assert isinstance(app.producer.partitioner, CachedKeyPartitioner)
     assert isinstance(app.producer.buffer, UnthreadedProducerBuffer)
+
+
+def test_the_broker_holds_an_empty_fetch_briefly() -> None:
+    """Faust's 1.5 s: after table recovery the streams' first fetch waited for the
+    changelogs' empty one to come back, every partition idle meanwhile."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        client = consumer._thread._create_worker_consumer(consumer.transport)
+        assert client._fetch_max_wait_ms == FETCH_MAX_WAIT_MS <= 100
+        await client.stop()  # never started: closes nothing but its client object
+
+    asyncio.run(scenario())
+
+
+def test_a_leave_is_learnt_within_a_second() -> None:
+    """The staying worker learns of a leave at its next heartbeat (it was every 3 s)."""
+    app = faust_app(Settings.from_env({}))
+    assert app.conf.broker_heartbeat_interval == 1.0
 
 
 def test_a_raw_topic_hands_its_records_bytes_to_the_stream_as_they_are() -> None:
