@@ -117,6 +117,9 @@ class CurrentGenerationQueue(ThrowableQueue[Any]):
 # to drain (they are not in the fetch; one that resumes meanwhile joins the next).
 _RESUME_POLL_SECONDS: Final = 0.05
 
+# How long one fetch waits for records (Faust: 1 s; with none, Faust fetches again).
+_FETCH_POLL_SECONDS: Final = 0.1
+
 # How long the broker holds a fetch that finds no records (Faust: 1.5 s; aiokafka's own
 # default is 0.5 s). An idle worker sends about ten empty fetches a second.
 FETCH_MAX_WAIT_MS: Final = 100
@@ -156,10 +159,17 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         as inactive, and the consumer's position had passed them: lost until the
         next seek, for good when none came (a partition stalled). Here aiokafka gets
         a copy taken when the fetch starts, and an empty one fetches nothing.
-        Proof: tests/test_faust_adaptations.py; the join/leave stress."""
+        Proof: tests/test_faust_adaptations.py; the join/leave stress.
+        With that copy, a partition resumed while a fetch waits is fetched only by the
+        next: when table recovery ended, the streams waited for a fetch of the paused
+        changelogs to time out (Faust: 1 s, every partition idle after "Worker ready").
+        Here a fetch waits at most `_FETCH_POLL_SECONDS`.
+        Proof: tests/test_faust_adaptations.py; benchmarks/rebalance_pause.py."""
         wanted = set(active_partitions)  # one C-level copy: atomic under the GIL
         if not wanted:
             return {}
+        timeout = (_FETCH_POLL_SECONDS if timeout is None
+                   else min(timeout, _FETCH_POLL_SECONDS))
         if not self.consumer.app.in_recovery:
             timeout, max_records = self._paced(timeout, max_records)
         return await super()._fetch_records(consumer, wanted, timeout=timeout,

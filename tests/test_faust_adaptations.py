@@ -85,6 +85,32 @@ def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
     assert isinstance(app.producer.buffer, UnthreadedProducerBuffer)
 
 
+def test_a_fetch_waits_briefly_for_records_of_the_partitions_it_started_with() -> None:
+    """A fetch takes the active partitions as they were when it started: when table
+    recovery ended, the streams' records waited for a fetch of the paused changelogs
+    to time out (Faust's 1 s)."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        changelog, stream = TP("state-changelog", 0), TP("events", 0)
+
+        class Waiting(_Fetcher):  # aiokafka's: waits out the timeout for the ones asked
+            async def fetched_records(self, partitions: Any, timeout: float = 0,
+                                      max_records: int | None = None,
+                                      ) -> dict[TP, list[int]]:
+                found = await super().fetched_records(partitions, timeout, max_records)
+                if not found:
+                    await asyncio.sleep(timeout)
+                return found
+        fetcher = Waiting({stream: [7]}, on_wait=lambda: None)  # the streams just resumed
+        client: Any = SimpleNamespace(_closed=False, _fetcher=fetcher)
+        consumer.app.in_recovery = True
+        clock = asyncio.get_running_loop().time()
+        assert await consumer._thread._fetch_records(client, {changelog}, timeout=1.0) == {}
+        assert asyncio.get_running_loop().time() - clock < 0.5
+
+    asyncio.run(scenario())
+
+
 def test_the_broker_holds_an_empty_fetch_briefly() -> None:
     """Faust's 1.5 s: after table recovery the streams' first fetch waited for the
     changelogs' empty one to come back, every partition idle meanwhile."""
@@ -269,7 +295,7 @@ def test_a_fetch_takes_what_fits_above_the_pressure_mark_and_polls_while_one_wai
         await thread._fetch_records(client, {stream}, timeout=1.0)
         consumer.app.in_recovery = True  # recovery's fetches are left as they are
         await thread._fetch_records(client, {stream}, timeout=1.0)
-        assert asked == [(1.0, headroom), (1.0, 10), (0.05, headroom), (1.0, None)]
+        assert asked == [(0.1, headroom), (0.1, 10), (0.05, headroom), (0.1, None)]
 
     asyncio.run(scenario())
 
