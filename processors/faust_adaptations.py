@@ -28,10 +28,12 @@ from aiokafka.errors import IllegalOperation
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 from faust.exceptions import ProducerSendError
 from faust.sensors import Monitor
+from faust.stores import by_url as store_class_by_url
+from faust.stores import rocksdb as faust_rocksdb
 from faust.transport.consumer import TopicPartitionGroup, TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
-from faust.types import TP
+from faust.types import TP, StoreT
 from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
 
@@ -556,6 +558,32 @@ class CommitProducer(faust_aiokafka.Producer):
         commit = super().commit_transactions
         await _beginning_one_if_between(self, transaction, lambda: commit(
             {transaction: offsets}, group_id, start_new_transaction))
+
+
+class QuickStopRocksDBStore(faust_rocksdb.Store):
+    """Faust's rocksdb store stops by dropping its databases and then collecting
+    garbage over the whole heap, and a stopping worker stops its tables before it
+    leaves the group: 0.2-0.45 s per table (py-spy), about a second of a scale-in's
+    pause with three tables. Here it only drops them: a database closes when its last
+    reference goes (py-spy saw it close there), and the process exits next.
+    Proof: tests/test_faust_adaptations.py; benchmarks/rebalance_pause.py (the leave)."""
+
+    async def stop(self) -> None:
+        self.logger.info("Closing rocksdb on stop")
+        self._dbs.clear()
+
+
+class QuickStopTable(faust.Table[bytes, bytes]):
+    """A table whose rocksdb store is a `QuickStopRocksDBStore`."""
+
+    def _new_store_by_url(self, url: Any) -> StoreT[bytes, bytes]:
+        store_class = store_class_by_url(url)
+        if store_class is faust_rocksdb.Store:
+            store_class = QuickStopRocksDBStore
+        return store_class(  # Faust's own arguments
+            url, self.app, self, table_name=self.name, key_type=self.key_type,
+            key_serializer=self.key_serializer, value_serializer=self.value_serializer,
+            value_type=self.value_type, loop=self.loop, options=self.options)
 
 
 class AdaptedTransport(faust_aiokafka.Transport):

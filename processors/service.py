@@ -42,6 +42,7 @@ from processors.faust_adaptations import (
     CommitProducer,
     OutRecord,
     Placed,
+    QuickStopTable,
     apply_each,
     resumed_coroutine,
     transactional_id,
@@ -74,7 +75,7 @@ EXIT_UNSENT = 70  # EX_SOFTWARE: outputs could not be sent (see stop_without_com
 _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
 
-class WriteBehindTable(faust.Table[bytes, bytes]):
+class WriteBehindTable(QuickStopTable):
     """A table the worker writes only through its changelog: what it sent, once
     delivered and committed, is applied to the local store the way Faust applies a
     changelog in recovery, `apply_changelog_batch` of `_SentEntry`s (never through

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +24,8 @@ from processors.faust_adaptations import (
     CachedKeyPartitioner,
     CommitProducer,
     LeanMonitor,
+    QuickStopRocksDBStore,
+    QuickStopTable,
     RawRecords,
     UncheckedVersion,
     UnthreadedProducerBuffer,
@@ -109,6 +112,23 @@ def test_a_fetch_waits_briefly_for_records_of_the_partitions_it_started_with() -
         assert asyncio.get_running_loop().time() - clock < 0.5
 
     asyncio.run(scenario())
+
+
+def test_a_rocksdb_table_stops_without_collecting_garbage(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faust collected garbage over the whole heap for each table at a stop, before
+    the worker left the group."""
+    app = faust_app(Settings.from_env({"AGUI_STORE": "rocksdb://",
+                                       "AGUI_DATA_DIR": str(tmp_path)}))
+    table = QuickStopTable(app, name="state", partitions=1, key_type=bytes,
+                           value_type=bytes)
+    store = table._new_store()
+    assert isinstance(store, QuickStopRocksDBStore)
+    collected: list[int] = []
+    monkeypatch.setattr(gc, "collect", lambda *args: collected.append(1) or 0)
+    asyncio.run(store.stop())
+    assert not collected and not store._dbs
 
 
 def test_the_broker_holds_an_empty_fetch_briefly() -> None:
