@@ -42,6 +42,7 @@ from processors.faust_adaptations import (
     CommitProducer,
     OutRecord,
     Placed,
+    QuickStopTable,
     apply_each,
     resumed_coroutine,
     transactional_id,
@@ -74,7 +75,7 @@ EXIT_UNSENT = 70  # EX_SOFTWARE: outputs could not be sent (see stop_without_com
 _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
 
-class WriteBehindTable(faust.Table[bytes, bytes]):
+class WriteBehindTable(QuickStopTable):
     """A table the worker writes only through its changelog: what it sent, once
     delivered and committed, is applied to the local store the way Faust applies a
     changelog in recovery, `apply_changelog_batch` of `_SentEntry`s (never through
@@ -185,7 +186,9 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
         consumer_auto_offset_reset="earliest",
         consumer_group_instance_id=settings.group_instance_id,
         broker_session_timeout=settings.session_timeout_seconds,
-        broker_heartbeat_interval=min(3.0, settings.session_timeout_seconds / 3),
+        # A leave is learnt at the next heartbeat: with 3 s between heartbeats that
+        # was up to 3 s of the pause a scale-in makes (issue 9); a heartbeat is tiny.
+        broker_heartbeat_interval=min(1.0, settings.session_timeout_seconds / 3),
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=True,
