@@ -60,7 +60,9 @@ def instructions(mode: str, path: str, keys: int) -> int:
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
          sys.executable, __file__, "--child", mode, path, "--keys", str(keys)],
         capture_output=True, text=True, check=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        # A fixed hash seed: string hashes (and so dict probe sequences) vary
+        # from run to run otherwise, moving the count by tens per event.
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0"})
     found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if found is None:
         raise RuntimeError(f"no instruction count from cachegrind ({mode})")
