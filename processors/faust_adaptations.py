@@ -18,8 +18,8 @@ import asyncio
 import inspect
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Generator
+from time import monotonic
 from typing import Any, Final, NamedTuple, Protocol, cast
 
 import aiokafka
@@ -397,13 +397,13 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         (at once after one that took longer). Proof: tests/test_faust_adaptations.py;
         service_bench.py part 4 (history latency)."""
         interval = self.commit_interval
-        start = time.monotonic() + interval
+        start = monotonic() + interval
         while True:
-            await self.sleep(start - time.monotonic())
+            await self.sleep(start - monotonic())
             if self.should_stop:
                 return
             await self.commit()
-            start = max(start + interval, time.monotonic())
+            start = max(start + interval, monotonic())
 
     async def force_commit(self, topics: Any = None, start_new_transaction: bool = True,
                            ) -> bool:

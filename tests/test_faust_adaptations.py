@@ -340,7 +340,7 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
     """Faust slept the interval after each commit: commits started every interval plus
     the commit's duration, and a record's history waited that much longer."""
     clock = [0.0]
-    monkeypatch.setattr("processors.faust_adaptations.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("processors.faust_adaptations.monotonic", lambda: clock[0])
     starts: list[float] = []
 
     class Enough(Exception):
