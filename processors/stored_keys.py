@@ -67,10 +67,18 @@ class StoredKey:
     state: KeyState
 
 
+def _guard_fields(applied: Applied | None) -> tuple[int, bytes]:
+    """A replay guard as stored: its offset (-1: none) and its topic."""
+    return (-1, b"") if applied is None else (applied.offset, applied.topic.encode())
+
+
+def _guard_of(offset: int, topic: bytes) -> Applied | None:
+    return None if offset < 0 else Applied(topic.decode(), offset)
+
+
 def encode_state(partition: int, applied: Applied | None, chunks: int, body: bytes) -> bytes:
     """A state entry; `body` is the engine state's JSON (`KeyState.to_json`)."""
-    topic = b"" if applied is None else applied.topic.encode()
-    offset = -1 if applied is None else applied.offset
+    offset, topic = _guard_fields(applied)
     return _STATE_HEADER.pack(_FORMAT, partition, offset, chunks, len(topic)) + topic + body
 
 
@@ -81,13 +89,12 @@ def decode_state(value: bytes) -> StoredKey:
         if version != _FORMAT:
             raise UndecodableState(f"state format {version}")
         start = _STATE_HEADER.size + topic_size
-        topic = value[_STATE_HEADER.size:start].decode()
+        applied = _guard_of(offset, value[_STATE_HEADER.size:start])
         state = KeyState.from_json(value[start:])
     except UndecodableState:
         raise
     except Exception as error:  # any corruption: a short value, bad JSON, wrong shapes
         raise UndecodableState(type(error).__name__) from None
-    applied = None if offset < 0 else Applied(topic, offset)
     return StoredKey(partition, applied, chunks, state)
 
 
@@ -186,8 +193,7 @@ def encode_chunks(fragments: list[tuple[int, str]], limit: int,
     takes), in order, each carrying the replay guard: a slot's text too long for
     one is split between characters into consecutive fragments, which `restore`
     joins again."""
-    topic = b"" if guard is None else guard.topic.encode()
-    offset = -1 if guard is None else guard.offset
+    offset, topic = _guard_fields(guard)
     header = _GUARD_HEADER.pack(_GUARDED, offset, len(topic)) + topic
     limit = max(limit, len(header) + _FRAGMENT_HEADER.size + 4)  # one character fits
     chunks: list[bytes] = []
@@ -228,8 +234,7 @@ def decode_chunk(value: bytes) -> tuple[Applied | None, list[tuple[int, str]]]:
     if value[:1] == bytes([_GUARDED]):
         _mark, offset, topic_size = _GUARD_HEADER.unpack_from(value)
         position = _GUARD_HEADER.size + topic_size
-        if offset >= 0:
-            guard = Applied(value[_GUARD_HEADER.size:position].decode(), offset)
+        guard = _guard_of(offset, value[_GUARD_HEADER.size:position])
     fragments: list[tuple[int, str]] = []
     while position < len(value):
         slot, size = _FRAGMENT_HEADER.unpack_from(value, position)
