@@ -253,7 +253,7 @@ class RecordProcessor:
             value = join_state(state_key, value, self.stored.texts)
             stored = decode_state(value)
             text = WriteBehindText()
-            applied, chunks = self._restore_text(state_key, stored, text)
+            applied, chunks, stored_chunks = self._restore_text(state_key, stored, text)
         except Exception as error:
             legacy = decode_legacy_state(value)
             if legacy is not None and legacy.run is None:
@@ -274,30 +274,29 @@ class RecordProcessor:
             self._part(partition).dirty[state_key] = None
             return cached
         return CachedKey(KeyEngine(stored.state, text), text, partition, now,
-                         applied=applied, chunks=chunks,
-                         stored_chunks=self._stored_count(chunk_key, state_key),
+                         applied=applied, chunks=chunks, stored_chunks=stored_chunks,
                          persisted_state=value, stored_parts=parts)
 
     def _restore_text(self, state_key: bytes, stored: StoredKey,
-                      text: WriteBehindText) -> tuple[Applied | None, int]:
-        """Restore the active run's chunks into `text`; return the key's replay guard
-        and the run's chunk count. Chunks past the state entry's count were written
-        by commits of deltas only, and the last one's guard is the newest."""
+                      text: WriteBehindText) -> tuple[Applied | None, int, int]:
+        """Restore the active run's chunks into `text`; return the key's replay guard,
+        the run's chunk count and how many chunks are stored (up to the first gap).
+        Chunks past the state entry's count were written by commits of deltas only,
+        and the last one's guard is the newest; with no run active, stored chunks
+        are an ended run's leftovers, to delete, not restore."""
         applied = stored.applied
+        active = stored.state.run is not None
         number = 0
-        while True:
-            chunk = self.stored.texts.get(chunk_key(state_key, number))
-            if chunk is None:
-                if number < stored.chunks:
-                    raise UndecodableState(f"text chunk {number} of {stored.chunks} missing")
-                return applied, number
-            if number >= stored.chunks and stored.state.run is None:
-                return applied, number  # an ended run's leftovers: deleted, not restored
-            guard, fragments = decode_chunk(chunk)
-            text.restore(fragments)
-            if number >= stored.chunks and guard is not None:
-                applied = guard
+        while (chunk := self.stored.texts.get(chunk_key(state_key, number))) is not None:
+            if active:
+                guard, fragments = decode_chunk(chunk)
+                text.restore(fragments)
+                if number >= stored.chunks and guard is not None:
+                    applied = guard
             number += 1
+        if number < stored.chunks:
+            raise UndecodableState(f"text chunk {number} of {stored.chunks} missing")
+        return applied, number if active else 0, number
 
     def _touch(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         self._part(cached.partition).dirty[state_key] = None
