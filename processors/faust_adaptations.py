@@ -172,15 +172,13 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         wanted = set(active_partitions)  # one C-level copy: atomic under the GIL
         if not wanted:
             return {}
-        timeout = (_FETCH_POLL_SECONDS if timeout is None
-                   else min(timeout, _FETCH_POLL_SECONDS))
+        timeout = _FETCH_POLL_SECONDS if timeout is None else min(timeout, _FETCH_POLL_SECONDS)
         if not self.consumer.app.in_recovery:
             timeout, max_records = self._paced(timeout, max_records)
         return await super()._fetch_records(consumer, wanted, timeout=timeout,
                                             max_records=max_records)
 
-    def _paced(self, timeout: float | None,
-               max_records: int | None) -> tuple[float | None, int | None]:
+    def _paced(self, timeout: float, max_records: int | None) -> tuple[float, int | None]:
         """Faust takes all that aiokafka has buffered in one fetch (41,000 records here),
         far more than a stream's queue holds: the fetch's tail then waited for room
         record by record (a task each, and four more in `wait_first`: 17 % of the
@@ -196,8 +194,7 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
             headroom = max(1, maxsize - math.floor(maxsize / FlowControlQueue.pressure_high_ratio))
             self.__dict__["_adapted_headroom"] = headroom
         if self.consumer._buffered_partitions:
-            timeout = (_RESUME_POLL_SECONDS if timeout is None
-                       else min(timeout, _RESUME_POLL_SECONDS))
+            timeout = min(timeout, _RESUME_POLL_SECONDS)
         return timeout, headroom if max_records is None else min(max_records, headroom)
 
     async def _highwaters(self, partitions: list[TP]) -> Any:
