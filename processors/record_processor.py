@@ -31,14 +31,17 @@ from processors.safe_logging import log_exception_kind
 from processors.stored_keys import (
     Applied,
     StoredKey,
+    TextChunk,
     UndecodableState,
     WriteBehindText,
     chunk_key,
+    chunk_partition,
     decode_chunk,
     decode_legacy_state,
     decode_state,
     encode_chunks,
     encode_state,
+    first_chunk_owner,
     join_state,
     legacy_text_keys,
     partition_of,
@@ -49,6 +52,10 @@ from processors.stored_keys import (
 from topics.declarations import STATE_TABLE, TEXT_TABLE
 
 log = logging.getLogger("agui_stream")
+
+# The chunk count of a stored state entry that could not be read: above every chunk
+# number, so no chunk carries a state until the entry is rewritten.
+_UNKNOWN_COUNT = 1 << 32
 
 
 class StoredTables:
@@ -78,8 +85,10 @@ class CachedKey:
     applied: Applied | None = None
     chunks: int = 0  # text chunks of the active run handed out so far (numbered from 0)
     stored_chunks: int = 0  # chunk numbers that may be stored (of any run): 0 .. n-1
-    persisted_state: bytes | None = None  # the state entry as last handed out (whole)
+    persisted_state: bytes | None = None  # the state as last handed out (whole), in an
+    # entry or a chunk
     persisted_body: bytes | None = None  # its engine state, if handed out since the load
+    entry_chunks: int | None = None  # the stored state entry's chunk count (None: no entry)
     stored_parts: int = 0  # parts of a split state entry that may be stored: 0 .. n-1
     freed: bool = False  # to delete at the next changes(), then forget
     stale_texts: list[bytes] = field(default_factory=list)  # text entries to delete
@@ -98,6 +107,14 @@ def split_state_key(state_key: bytes) -> tuple[str, bytes]:
     """(tenant, record key) of a state key."""
     tenant, _, key = state_key.partition(b"\x00")
     return tenant.decode("utf-8", "replace"), key
+
+
+class _Restored(NamedTuple):
+    stored: StoredKey  # the newest stored state
+    value: bytes  # ... as stored
+    applied: Applied | None  # the key's replay guard
+    chunks: int  # the active run's chunks
+    stored_chunks: int  # the chunks stored (up to the first gap)
 
 
 @dataclass(slots=True)
@@ -245,17 +262,19 @@ class RecordProcessor:
     def _load(self, state_key: bytes, partition: int, now: float, record: Incoming | None,
               out: list[Outgoing]) -> CachedKey:
         value = self.stored.states.get(state_key)
-        if value is None:
+        if value is None and chunk_key(state_key, 0) not in self.stored.texts:
             return CachedKey.empty(partition, now)
         parts = 0
         try:
-            parts = state_parts(value)
-            value = join_state(state_key, value, self.stored.texts)
-            stored = decode_state(value)
+            entry = None
+            if value is not None:
+                parts = state_parts(value)
+                value = join_state(state_key, value, self.stored.texts)
+                entry = decode_state(value)
             text = WriteBehindText()
-            applied, chunks, stored_chunks = self._restore_text(state_key, stored, text)
+            restored = self._restore_text(state_key, entry, value, text)
         except Exception as error:
-            legacy = decode_legacy_state(value)
+            legacy = None if value is None else decode_legacy_state(value)
             if legacy is not None and legacy.run is None:
                 # Written before write-behind, no run open: rewritten, nothing lost.
                 cached = CachedKey.empty(partition, now, legacy.phase)
@@ -271,32 +290,41 @@ class RecordProcessor:
             cached.stored_parts = max(parts, self._stored_count(state_part_key, state_key))
             cached.stale_texts = legacy_text_keys(state_key, self.stored.texts)
             cached.persisted_state = value  # so that the new state replaces it
+            cached.entry_chunks = None if value is None else _UNKNOWN_COUNT
             self._part(partition).dirty[state_key] = None
             return cached
-        return CachedKey(KeyEngine(stored.state, text), text, partition, now,
-                         applied=applied, chunks=chunks, stored_chunks=stored_chunks,
-                         persisted_state=value, stored_parts=parts)
+        return CachedKey(KeyEngine(restored.stored.state, text), text, partition, now,
+                         applied=restored.applied, chunks=restored.chunks,
+                         stored_chunks=restored.stored_chunks,
+                         persisted_state=restored.value, stored_parts=parts,
+                         entry_chunks=None if entry is None else entry.chunks)
 
-    def _restore_text(self, state_key: bytes, stored: StoredKey,
-                      text: WriteBehindText) -> tuple[Applied | None, int, int]:
-        """Restore the active run's chunks into `text`; return the key's replay guard,
-        the run's chunk count and how many chunks are stored (up to the first gap).
-        Chunks past the state entry's count were written by commits of deltas only,
-        and the last one's guard is the newest; with no run active, stored chunks
-        are an ended run's leftovers, to delete, not restore."""
-        applied = stored.applied
-        active = stored.state.run is not None
-        number = 0
-        while (chunk := self.stored.texts.get(chunk_key(state_key, number))) is not None:
-            if active:
-                guard, fragments = decode_chunk(chunk)
-                text.restore(fragments)
-                if number >= stored.chunks and guard is not None:
-                    applied = guard
-            number += 1
-        if number < stored.chunks:
-            raise UndecodableState(f"text chunk {number} of {stored.chunks} missing")
-        return applied, number if active else 0, number
+    def _restore_text(self, state_key: bytes, entry: StoredKey | None, value: bytes | None,
+                      text: WriteBehindText) -> _Restored:
+        """The key's newest state (its entry's, or a later one a chunk carries), and the
+        active run's chunks restored into `text`. Chunks past the newest state's count
+        were written by commits of deltas only, and the last one's guard is the
+        newest; with no run active, stored chunks are an ended run's leftovers, to
+        delete, not restore."""
+        chunks: list[TextChunk] = []
+        texts = self.stored.texts
+        while (stored_chunk := texts.get(chunk_key(state_key, len(chunks)))) is not None:
+            chunk = decode_chunk(stored_chunk)
+            if chunk.state is not None and (entry is None or len(chunks) >= entry.chunks):
+                entry, value = decode_state(chunk.state), chunk.state
+            chunks.append(chunk)
+        if entry is None or value is None:
+            raise UndecodableState("text chunks without a state")
+        if len(chunks) < entry.chunks:
+            raise UndecodableState(f"text chunk {len(chunks)} of {entry.chunks} missing")
+        applied = entry.applied
+        if entry.state.run is None:
+            return _Restored(entry, value, applied, 0, len(chunks))
+        for number, chunk in enumerate(chunks):
+            text.restore(chunk.fragments)
+            if number >= entry.chunks and chunk.guard is not None:
+                applied = chunk.guard
+        return _Restored(entry, value, applied, len(chunks), len(chunks))
 
     def _touch(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         self._part(cached.partition).dirty[state_key] = None
@@ -320,15 +348,25 @@ class RecordProcessor:
         run_active = cached.engine.state.run is not None
         if cleared or not run_active:
             cached.chunks = 0  # the chunks stored so far are an earlier run's
-        wrote_chunk = False
-        if fresh and run_active and not cached.freed:
+        body = b"" if cached.freed else cached.engine.state.to_json()
+        state_changed = cleared or body != cached.persisted_body
+        writes_text = bool(fresh) and run_active and not cached.freed
+        carried = None  # the state entry the first chunk carries
+        if writes_text:
+            limit = self.builder.max_record_bytes
+            if state_changed and (cached.entry_chunks is None
+                                  or cached.entry_chunks <= cached.chunks):
+                value = encode_state(cached.partition, cached.applied, cached.chunks + 1,
+                                     body)
+                carried = value if len(value) <= limit // 2 else None
             # Within the largest record the changelog takes: a long message streamed
             # between two commits made a chunk the broker refused (the worker could
             # not commit, and the replay refused it again).
-            for chunk in encode_chunks(fresh, self.builder.max_record_bytes, cached.applied):
+            for chunk in encode_chunks(fresh, limit, cached.applied, carried):
                 yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks), chunk)
                 cached.chunks += 1
-                wrote_chunk = True
+            if carried is not None:
+                cached.persisted_state, cached.persisted_body = carried, body
         for stale in cached.stale_texts:
             yield StateChange(TEXT_TABLE, stale, None)
         cached.stale_texts = []
@@ -344,9 +382,8 @@ class RecordProcessor:
             # key in between must not read it.
             self._deleted[state_key] = None
             return
-        body = cached.engine.state.to_json()
-        if wrote_chunk and not cleared and body == cached.persisted_body:
-            return  # deltas only: the stored entry holds, the chunk carries the guard
+        if writes_text and (carried is not None or not state_changed):
+            return  # the chunk carries the state, or the guard of deltas only
         value = encode_state(cached.partition, cached.applied, cached.chunks, body)
         if value != cached.persisted_state:
             yield from self._state_entry(state_key, cached, value)
@@ -367,9 +404,10 @@ class RecordProcessor:
         for number in range(len(parts), cached.stored_parts):
             yield StateChange(TEXT_TABLE, state_part_key(state_key, number), None)
         cached.stored_parts = len(parts)
-        if head is not None or cached.persisted_state is not None:
+        if head is not None or cached.entry_chunks is not None:
             yield StateChange(STATE_TABLE, state_key, head)
         cached.persisted_state = value
+        cached.entry_chunks = None if head is None else cached.chunks
 
     def _keys_of(self, partition: int, now: float, tick: Incoming,
                  out: list[Outgoing]) -> list[bytes]:
@@ -378,9 +416,8 @@ class RecordProcessor:
         part = self._part(partition)
         if not part.scanned:
             part.scanned = True
-            for state_key, value in list(self.stored.states.items()):
-                # A value without a readable partition is left to its key's next record.
-                if partition_of(value) != partition or state_key in self._cache:
+            for state_key in self._stored_keys_of(partition):
+                if state_key in self._cache:
                     continue
                 source = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
                                   split_state_key(state_key)[1], b"", [])
@@ -390,6 +427,21 @@ class RecordProcessor:
                     out.extend(self._contain(error, state_key, source,
                                              split_state_key(state_key)[0], now))
         return list(part.keys)
+
+    def _stored_keys_of(self, partition: int) -> list[bytes]:
+        """The keys stored for the partition: those with a state entry, and those whose
+        state only their first chunk carries. A value without a readable partition
+        is left to its key's next record."""
+        states, texts = self.stored.states, self.stored.texts
+        found = [state_key for state_key, value in list(states.items())
+                 if partition_of(value) == partition]
+        for text_key in list(texts.keys()):
+            owner = first_chunk_owner(text_key)
+            if owner is not None and owner not in states:
+                chunk = texts.get(text_key)
+                if chunk is not None and chunk_partition(chunk) == partition:
+                    found.append(owner)
+        return found
 
     def _stored_count(self, key_of: Callable[[bytes, int], bytes], state_key: bytes) -> int:
         """How many text entries (`chunk_key` or `state_part_key`) are stored for the key,
@@ -413,8 +465,12 @@ class RecordProcessor:
             fresh = CachedKey.empty(record.partition, now, Phase.FAILED)
             fresh.applied = Applied(record.topic, record.offset)
             # Whatever the key had stored is deleted at the next changes().
-            fresh.persisted_state = (self.stored.states.get(state_key) if old is None
-                                     else old.persisted_state)
+            if old is None:
+                fresh.persisted_state = self.stored.states.get(state_key)
+                fresh.entry_chunks = None if fresh.persisted_state is None else _UNKNOWN_COUNT
+            else:
+                fresh.persisted_state, fresh.entry_chunks = (old.persisted_state,
+                                                             old.entry_chunks)
             fresh.stored_chunks = max(self._stored_count(chunk_key, state_key),
                                       0 if old is None else old.stored_chunks)
             fresh.stored_parts = max(self._stored_count(state_part_key, state_key),

@@ -1,25 +1,31 @@
 """How a run key's state and streamed text are persisted, write-behind.
 
-A key is stored as one `run-state` entry and, while a run is active, a few
-`run-text` entries:
+A key is stored as a `run-state` entry and, while a run is active, a few
+`run-text` chunks:
 
-* the state entry (`state_key`) holds the engine's state, the partition the
-  key lives on, how many text chunks the run had stored when it was written,
-  and the replay guard (the last input record applied to the key). It is
-  rewritten at most once per commit, and only when the engine state changed
-  or no chunk carries the newer guard;
+* the state (engine state, the partition the key lives on, how many text
+  chunks the run had stored when it was written, and the replay guard: the
+  last input record applied to the key) is stored at most once per commit,
+  and only when the engine state changed or no chunk carries the newer guard.
+  It goes in the state entry (`state_key`), or, when the commit writes a text
+  chunk and the entry's count allows it (below), inside that chunk: a run
+  that starts and streams in the same commit then writes one record, not two;
 * a text chunk (`state_key 0x01 <n>`) holds every fragment the key's run
   received between two commits, as (slot, text) pairs, and the replay guard of
   its commit. Chunks are only ever appended, never rewritten, so the changelog
-  stays linear in the input; a commit of deltas only writes its chunk and not
-  the state entry (the chunks past the state entry's count are the run's
-  later ones, and the last one's guard is the key's). The run's chunks are
-  deleted when it concludes;
+  stays linear in the input; a commit of deltas only writes only its chunk.
+  The run's chunks are deleted when it concludes;
+* which state is the newest follows from the entry's chunk count: a state in
+  chunk n is newer than the entry when n >= the count (those chunks were
+  written after it), and the chunks past the newest state's count carry
+  newer guards (the last one's is the key's). So a state goes into chunk n
+  only when the stored entry's count is at most n; otherwise the entry is
+  rewritten;
 * a state entry larger than the changelog takes (a run holding hundreds of
   encrypted values) is stored split: a head entry in the state table and the
   engine state in parts (`state_key 0x03 <n>`) beside the chunks.
 
-The state entry and the chunks of one commit go out in the source partition's
+The state and the chunks of one commit go out in the source partition's
 transaction with the input offsets, so a crash replays onto exactly the state
 those offsets produced, and the replay guard skips records already applied.
 """
@@ -43,7 +49,9 @@ _PART_MARK = b"\x03"
 _CHUNK_NUMBER = struct.Struct(">I")
 _FRAGMENT_HEADER = struct.Struct(">II")  # slot, byte length
 _GUARDED = 1  # first byte of a chunk carrying its replay guard (before: a slot's high byte, 0)
-_GUARD_HEADER = struct.Struct(">BqH")  # _GUARDED, applied offset, topic length
+_GUARDED_WITH_STATE = 2  # ... and, after the guard, the key's state entry
+_GUARD_HEADER = struct.Struct(">BqH")  # mark, applied offset, topic length
+_STATE_SIZE = struct.Struct(">I")  # the size of the state entry a chunk carries
 
 
 class UndecodableState(ValueError):
@@ -187,18 +195,31 @@ def chunk_key(state_key: bytes, number: int) -> bytes:
     return state_key + _CHUNK_MARK + _CHUNK_NUMBER.pack(number)
 
 
-def encode_chunks(fragments: list[tuple[int, str]], limit: int,
-                  guard: Applied | None) -> list[bytes]:
+_FIRST_CHUNK_SUFFIX = _CHUNK_MARK + _CHUNK_NUMBER.pack(0)
+
+
+def first_chunk_owner(text_key: bytes) -> bytes | None:
+    """The state key whose first chunk `text_key` is (None: it is not a first chunk)."""
+    if text_key.endswith(_FIRST_CHUNK_SUFFIX):
+        return text_key[:-len(_FIRST_CHUNK_SUFFIX)]
+    return None
+
+
+def encode_chunks(fragments: list[tuple[int, str]], limit: int, guard: Applied | None,
+                  state: bytes | None = None) -> list[bytes]:
     """The fragments as chunks of at most `limit` bytes each (a record the changelog
-    takes), in order, each carrying the replay guard: a slot's text too long for
-    one is split between characters into consecutive fragments, which `restore`
-    joins again."""
+    takes), in order, each carrying the replay guard, the first one `state` (a
+    state entry) if given: a slot's text too long for one is split between
+    characters into consecutive fragments, which `restore` joins again."""
     offset, topic = _guard_fields(guard)
     header = _GUARD_HEADER.pack(_GUARDED, offset, len(topic)) + topic
-    limit = max(limit, len(header) + _FRAGMENT_HEADER.size + 4)  # one character fits
+    first = header if state is None else (
+        _GUARD_HEADER.pack(_GUARDED_WITH_STATE, offset, len(topic)) + topic
+        + _STATE_SIZE.pack(len(state)) + state)
+    limit = max(limit, len(first) + _FRAGMENT_HEADER.size + 4)  # one character fits
     chunks: list[bytes] = []
-    parts: list[bytes] = [header]
-    size = len(header)
+    parts: list[bytes] = [first]
+    size = len(first)
     for slot, text in fragments:
         data = text.encode("utf-8", "surrogatepass")
         start = 0
@@ -226,15 +247,48 @@ def _character_boundary(data: bytes, position: int) -> int:
     return position
 
 
-def decode_chunk(value: bytes) -> tuple[Applied | None, list[tuple[int, str]]]:
-    """The chunk's replay guard (None: written before chunks carried one) and its
-    fragments."""
+class TextChunk(NamedTuple):
+    guard: Applied | None  # None: written before chunks carried one
+    state: bytes | None  # the state entry it carries
+    fragments: list[tuple[int, str]]
+
+
+def decode_chunk(value: bytes) -> TextChunk:
+    """A stored chunk, or `UndecodableState`."""
+    try:
+        return _decode_chunk(value)
+    except UndecodableState:
+        raise
+    except Exception as error:  # any corruption: a short value, a bad header
+        raise UndecodableState(type(error).__name__) from None
+
+
+def chunk_partition(value: bytes) -> int | None:
+    """The partition of the state entry a chunk carries (None: none, or unreadable)."""
+    if value[:1] != bytes([_GUARDED_WITH_STATE]):
+        return None
+    try:
+        state = _decode_chunk(value).state
+    except Exception:  # unreadable: left to the key's next record
+        return None
+    return None if state is None else partition_of(state)
+
+
+def _decode_chunk(value: bytes) -> TextChunk:
     guard = None
+    state = None
     position = 0
-    if value[:1] == bytes([_GUARDED]):
-        _mark, offset, topic_size = _GUARD_HEADER.unpack_from(value)
+    if value[:1] in (bytes([_GUARDED]), bytes([_GUARDED_WITH_STATE])):
+        mark, offset, topic_size = _GUARD_HEADER.unpack_from(value)
         position = _GUARD_HEADER.size + topic_size
         guard = _guard_of(offset, value[_GUARD_HEADER.size:position])
+        if mark == _GUARDED_WITH_STATE:
+            (state_size,) = _STATE_SIZE.unpack_from(value, position)
+            position += _STATE_SIZE.size
+            state = value[position:position + state_size]
+            if len(state) != state_size:
+                raise UndecodableState("truncated text chunk")
+            position += state_size
     fragments: list[tuple[int, str]] = []
     while position < len(value):
         slot, size = _FRAGMENT_HEADER.unpack_from(value, position)
@@ -244,7 +298,7 @@ def decode_chunk(value: bytes) -> tuple[Applied | None, list[tuple[int, str]]]:
             raise UndecodableState("truncated text chunk")
         fragments.append((slot, data.decode("utf-8", "surrogatepass")))
         position += size
-    return guard, fragments
+    return TextChunk(guard, state, fragments)
 
 
 class WriteBehindText(InMemoryContentStore):

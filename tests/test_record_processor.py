@@ -27,6 +27,7 @@ from processors.stored_keys import (
     WriteBehindText,
     chunk_key,
     decode_chunk,
+    decode_state,
     encode_chunks,
     encode_state,
     join_state,
@@ -146,7 +147,7 @@ def test_a_run_publishes_its_history_and_leaves_no_text_behind() -> None:
     assert len(committed.tables[STATE_TABLE]) == 1  # the key's phase and replay guard
 
 
-def test_a_commit_of_deltas_writes_one_chunk_and_no_state_entry() -> None:
+def test_a_commit_of_deltas_writes_one_chunk_and_the_first_carries_the_state() -> None:
     committed = Committed()
     processor = committed.processor()
     feeder = Feeder()
@@ -156,8 +157,9 @@ def test_a_commit_of_deltas_writes_one_chunk_and_no_state_entry() -> None:
         committed.commit(processor)
     state_key = state_key_for("default", b"k1")
     assert sorted(committed.tables[TEXT_TABLE]) == [chunk_key(state_key, n) for n in range(10)]
-    # 10 commits of 100 deltas: one chunk each, and the state entry with the first.
-    assert committed.changelog_records == 11
+    # 10 commits of 100 deltas: one chunk each; the first carries the state.
+    assert committed.changelog_records == 10
+    assert committed.tables[STATE_TABLE] == {}
     out = feed(processor, [feeder.record(r_end("rm")), feeder.record(run_finished("r1"))])
     committed.commit(processor)
     expected = "".join(f"{c}.{i} " for c in range(10) for i in range(100))
@@ -175,9 +177,81 @@ def test_a_replay_after_commits_of_deltas_only_skips_what_their_chunks_guard() -
     for start, end in ((0, 5), (5, 12), (12, 20)):  # the run starts, then deltas only
         feed(processor, records[start:end])
         committed.commit(processor)
-    assert committed.changelog_records == 4  # the first commit's state entry, 3 chunks
+    assert committed.changelog_records == 3  # 3 chunks, the first carrying the state
     out = crash_and_replay(committed, records, 9)  # offsets 9..19 again, then the rest
     assert contents(out) == ["".join(f"w{i} " for i in range(30))]
+
+
+def fail_on_boom(monkeypatch: pytest.MonkeyPatch, message: str) -> None:
+    """The engine raises an internal error (`message`) on a record containing BOOM."""
+    original = KeyEngine.feed
+
+    def failing(engine: KeyEngine, raw: bytes | str) -> Any:
+        if b"BOOM" in bytes(raw):
+            raise RuntimeError(message)
+        return original(engine, raw)
+
+    monkeypatch.setattr(KeyEngine, "feed", failing)
+
+
+def test_a_state_a_chunk_carries_is_newer_than_the_entry_only_past_the_entry_s_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a contained error the key's stored entry still counts the failed run's
+    chunks: a new run streaming in that commit rewrites the entry rather than
+    putting its state into its chunk 0 (a restore would read the older entry as
+    the newer, with the new run's text)."""
+    feeder = Feeder()
+    committed = Committed()
+    processor = committed.processor()
+    first = [run_started("r1"), t_start("m-r1", role="assistant"), t_content("m-r1", "OLD ")]
+    feed(processor, (feeder.record(e) for e in first))
+    committed.commit(processor)  # chunk 0 carries r1's state: no entry
+    feed(processor, [feeder.record(t_content("m-r1", "OLD ")),
+                     feeder.record(r_start("rm")), feeder.record(r_end("rm"))])
+    feed(processor, [feeder.record(t_content("m-r1", "OLD "))])
+    committed.commit(processor)
+    feed(processor, [feeder.record(t_end("m-r1"))])
+    committed.commit(processor)  # no text: the state goes to an entry counting 2 chunks
+    state_key = state_key_for("default", b"k1")
+    assert decode_state(committed.tables[STATE_TABLE][state_key]).chunks == 2
+    fail_on_boom(monkeypatch, "internal")
+    second = text_run("r2", ["new ", "text"])
+    records = [feeder.record(e) for e in [t_content("m-r1", "BOOM"), *second]]
+    feed(processor, records[:4])  # contained; r2 starts and streams in the same commit
+    committed.commit(processor)
+    out = crash_and_replay(committed, records, 4)
+    assert contents(out) == ["new text"] and dead_letters(out) == []
+
+
+def test_after_partitions_move_the_sweep_finds_keys_whose_state_a_chunk_carries() -> None:
+    committed = Committed()
+    processor = committed.processor()
+    for partition in (0, 1):
+        feeder = Feeder(key=f"k{partition}".encode(), partition=partition)
+        feed(processor, (feeder.record(e) for e in text_run(f"r{partition}", ["x"])[:3]))
+    committed.commit(processor)
+    assert committed.tables[STATE_TABLE] == {}  # both states are in chunks
+    processor = committed.processor()
+    assert processor.sweep(1, 0.0, tick(1)) == []  # found, with a fresh clock
+    out = processor.sweep(1, IDLE + 1, tick(1))
+    assert [(d["code"], d["runId"]) for d in dead_letters(out)] == [("run_abandoned", "r1")]
+    committed.commit(processor)
+    assert sorted(committed.tables[TEXT_TABLE]) == [
+        chunk_key(state_key_for("default", b"k0"), 0)]
+
+
+def test_a_first_chunk_that_cannot_be_decoded_fails_once_and_is_freed() -> None:
+    committed = Committed()
+    state_key = state_key_for("default", b"k1")
+    committed.tables[TEXT_TABLE][chunk_key(state_key, 0)] = b"\x02\x00"
+    processor = committed.processor()
+    feeder = Feeder()
+    out = feed(processor, (feeder.record(e) for e in text_run("r1", ["new"])))
+    assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
+    assert contents(out) == ["new"]
+    committed.commit(processor)
+    assert committed.tables[TEXT_TABLE] == {}
 
 
 def test_text_streamed_between_two_commits_is_stored_in_records_the_changelog_takes(
@@ -282,17 +356,21 @@ def test_a_split_state_entry_joins_to_the_entry_it_was_split_from(
 @settings(max_examples=300, deadline=None)
 @given(fragments=st.lists(st.tuples(st.integers(0, 5), st.text(max_size=300)), max_size=8),
        limit=st.integers(1, 400),
-       guard=st.none() | st.builds(Applied, st.text(max_size=20), st.integers(0, 2**63 - 1)))
-def test_chunks_stay_within_their_limit_and_restore_every_slot_s_text_and_guard(
-        fragments: list[tuple[int, str]], limit: int, guard: Applied | None) -> None:
-    chunks = encode_chunks(fragments, limit, guard)
+       guard=st.none() | st.builds(Applied, st.text(max_size=20), st.integers(0, 2**63 - 1)),
+       state=st.none() | st.binary(max_size=100))
+def test_chunks_stay_within_their_limit_and_restore_every_slot_s_text_guard_and_state(
+        fragments: list[tuple[int, str]], limit: int, guard: Applied | None,
+        state: bytes | None) -> None:
+    chunks = encode_chunks(fragments, limit, guard, state)
     header = 11 + (0 if guard is None else len(guard.topic.encode()))
-    assert all(len(chunk) <= max(limit, header + 12) for chunk in chunks)
+    carried = 0 if state is None else 4 + len(state)
+    assert all(len(chunk) <= max(limit, header + carried + 12) for chunk in chunks)
     restored, expected = WriteBehindText(), WriteBehindText()
-    for chunk in chunks:
-        chunk_guard, chunk_fragments = decode_chunk(chunk)
-        assert chunk_guard == guard
-        restored.restore(chunk_fragments)
+    for number, chunk in enumerate(chunks):
+        decoded = decode_chunk(chunk)
+        assert decoded.guard == guard
+        assert decoded.state == (state if number == 0 else None)
+        restored.restore(decoded.fragments)
     for slot, text in fragments:
         expected.restore([(slot, text)])
     assert restored.texts() == expected.texts()
@@ -458,14 +536,7 @@ def test_an_internal_error_fails_the_run_once_and_the_next_run_starts_clean(
     processor = committed.processor()
     feed(processor, (feeder.record(e) for e in text_run("r1", ["OLD ", "OLD "])[:3]))
     committed.commit(processor)
-    original = KeyEngine.feed
-
-    def failing(engine: KeyEngine, raw: bytes | str) -> Any:
-        if b"BOOM" in bytes(raw):
-            raise RuntimeError("secret reasoning that must not be logged")
-        return original(engine, raw)
-
-    monkeypatch.setattr(KeyEngine, "feed", failing)
+    fail_on_boom(monkeypatch, "secret reasoning that must not be logged")
     out = feed(processor, [feeder.record(t_content("m-r1", "BOOM"))])
     assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
     rest = feed(processor, [feeder.record(e) for e in text_run("r1", [])[3:]])
