@@ -305,7 +305,8 @@ class WriteBehindText(InMemoryContentStore):
     """A key's streamed text in memory, with what is not yet persisted.
 
     The engine appends each delta to a slot's list (no I/O per delta);
-    `unpersisted()` returns what came since the last call, as one chunk.
+    `unpersisted()` returns what came since the last call, as one chunk, and
+    leaves each slot one string per chunk.
     """
 
     __slots__ = ("_cleared", "_persisted")
@@ -335,6 +336,11 @@ class WriteBehindText(InMemoryContentStore):
         for slot, parts in self._parts.items():
             done = persisted.get(slot, 0)
             if len(parts) > done:
-                fresh.append((slot, "".join(parts[done:])))
-                persisted[slot] = len(parts)
+                text = "".join(parts[done:])
+                # The slot keeps the chunk's text in place of its fragments (the
+                # same list: the engine may hold it), freed now while they are in
+                # cache; the run's end then joins one string per commit, not per delta.
+                parts[done:] = [text]
+                persisted[slot] = done + 1
+                fresh.append((slot, text))
         return cleared, fresh

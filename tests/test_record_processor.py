@@ -376,6 +376,19 @@ def test_chunks_stay_within_their_limit_and_restore_every_slot_s_text_guard_and_
     assert restored.texts() == expected.texts()
 
 
+def test_a_commit_leaves_a_slot_one_string_per_chunk_in_the_list_the_engine_holds() -> None:
+    text = WriteBehindText()
+    fragments = text.fragments(0)
+    for delta in ("a", "b", "c"):
+        fragments.append(delta)
+    assert text.unpersisted() == (False, [(0, "abc")])
+    assert text.fragments(0) is fragments and fragments == ["abc"]
+    fragments.append("d")
+    assert text.unpersisted() == (False, [(0, "d")])
+    assert text.unpersisted() == (False, [])
+    assert fragments == ["abc", "d"] and text.texts() == {0: "abcd"}
+
+
 def test_a_commit_with_nothing_new_changes_nothing() -> None:
     committed = Committed()
     processor = committed.processor()

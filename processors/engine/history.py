@@ -109,10 +109,13 @@ def held_encrypted_values(run: RunState) -> int:
 def to_message(record: MessageRecord, texts: dict[int, str]) -> dict[str, Any]:
     """The AG-UI `Message` (camelCase, optional keys absent) a record stands for."""
     message: dict[str, Any] = {"id": record.id, "role": record.role}
-    message.update(record.fields)
-    if record.content_base is not None or record.content_slot is not None:
-        streamed = texts.get(record.content_slot, "") if record.content_slot is not None else ""
-        message["content"] = (record.content_base or "") + streamed
+    if record.fields:
+        message.update(record.fields)
+    slot = record.content_slot
+    if slot is not None:
+        message["content"] = (record.content_base or "") + texts.get(slot, "")
+    elif record.content_base is not None:
+        message["content"] = record.content_base
     if record.tool_calls:
         message["toolCalls"] = [_to_tool_call(call, texts) for call in record.tool_calls]
     if record.encrypted_value is not None:

@@ -96,13 +96,16 @@ class RunState:
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
-        # Open ids by namespace: span, reasoning, text, tool, step, subagent.
-        # Dicts used as ordered sets so reports list ids in opening order.
+        # Open ids by namespace: NAMESPACES, then step and subagent. Dicts used
+        # as ordered sets so reports list ids in opening order. (Spelt out:
+        # a comprehension costs a call, and every run builds these.)
         self.open: dict[str, dict[str, None]] = {
-            ns: {} for ns in (*NAMESPACES, "step", "subagent")
+            "span": {}, "reasoning": {}, "text": {}, "tool": {}, "step": {}, "subagent": {},
         }
         # The subagentRunId (None = the parent agent) that opened each id.
-        self.owners: dict[str, dict[str, str | None]] = {ns: {} for ns in NAMESPACES}
+        self.owners: dict[str, dict[str, str | None]] = {
+            "span": {}, "reasoning": {}, "text": {}, "tool": {},
+        }
         # Lane (subagentRunId, None = parent) -> its pending chunk item.
         self.lanes: dict[str | None, tuple[ChunkKind, str]] = {}
         self.order: list[str] = []  # message ids in history order
