@@ -3,9 +3,9 @@
 Faust's `exactly_once` is marked experimental, and as shipped it did not hold
 (the recovery tests found duplicates, lost state and stuck workers). Each
 adaptation below is made through a Faust seam (a subclass Faust instantiates:
-App, Transport, Consumer, consumer thread, flow control) and says in one line
-what Faust does, what we do instead, and which test proves it. The incidents
-that found them are told in docs/faust-adaptations.md.
+App, Transport, Consumer, consumer thread, flow control, table manager) and says
+in one line what Faust does, what we do instead, and which test proves it. The
+incidents that found them are told in docs/faust-adaptations.md.
 
 They were written against the versions in `CHECKED_VERSIONS`; `check_versions`
 refuses to start a worker on any other, since an upgrade that renames one
@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 from collections.abc import Awaitable, Callable, Generator
+from itertools import repeat
 from time import monotonic
 from typing import Any, Final, NamedTuple, Protocol, cast
 
@@ -31,10 +32,13 @@ from faust.exceptions import ProducerSendError
 from faust.sensors import Monitor
 from faust.stores import by_url as store_class_by_url
 from faust.stores import rocksdb as faust_rocksdb
+from faust.tables.manager import TableManager
+from faust.tables.recovery import Recovery
 from faust.transport.consumer import TopicPartitionGroup, TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
-from faust.types import TP, StoreT
+from faust.types import TP, EventT, StoreT
+from faust.utils.tracing import finish_span
 from mode import Service
 from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
@@ -601,6 +605,149 @@ class QuickStopTable(faust.Table[bytes, bytes]):
             value_type=self.value_type, loop=self.loop, options=self.options)
 
 
+# How long recovery waits for a changelog record before it checks whether recovery has
+# ended (Faust's).
+_CHANGELOG_WAIT_SECONDS: Final = 5.0
+
+
+class BatchedRecovery(Recovery):
+    """Faust's recovery takes changelog records from their queue one at a time, with
+    `wait_for(queue.get())`: a task and three event-loop turns per record, while the
+    agent takes a record every turn. The standbys fell behind what the other worker
+    wrote (the queue stood full), and a leave restored up to 68,000 records first.
+    Here, once a record is awaited, every record the queue holds is taken and applied
+    without returning to the loop, each with Faust's bookkeeping (offset, table buffer,
+    `on_changelog_event`, `apply_changelog_batch` at the buffer's size); recovery's end
+    and the standbys' readiness are checked once per batch.
+    Proof: tests/test_faust_adaptations.py; benchmarks/rebalance_pause.py (the leave)."""
+
+    @Service.task
+    async def _slurp_changelogs(self) -> None:
+        queue = self.tables.changelog_queue
+        timeouts = 0
+        while not self.should_stop:
+            try:
+                self.signal_recovery_end.clear()
+                if queue.empty():
+                    try:
+                        first = await asyncio.wait_for(queue.get(), _CHANGELOG_WAIT_SECONDS)
+                    except TimeoutError:
+                        timeouts += 1
+                        if self.should_stop:
+                            return
+                        await self._end_recovery_if_done(timeouts)
+                        continue
+                else:
+                    first = queue.get_nowait()
+                timeouts = 0
+                batch: list[EventT[Any]] = [first]
+                try:
+                    while not queue.empty():
+                        batch.append(queue.get_nowait())
+                finally:  # an error thrown into the queue: what came before it is applied
+                    await self._apply_changelog_events(batch)
+                await self._end_recovery_if_done(timeouts)
+                self._note_standbys_ready()
+            except Exception as error:  # as Faust: logged, and recovery goes on
+                log.warning("Error in recovery %s", error)
+
+    async def _apply_changelog_events(self, events: list[EventT[Any]]) -> None:
+        """Faust's handling of each record, for a batch. A record of a changelog
+        partition neither active nor standby is skipped (Faust applied it to the table
+        of the record before it)."""
+        now = monotonic()
+        tp_to_table, buffers, buffer_sizes = self.tp_to_table, self.buffers, self.buffer_sizes
+        active_tps, standby_tps = self.active_tps, self.standby_tps
+        actives = 0
+        for event in events:
+            try:
+                message = event.message
+                tp, offset = message.tp, message.offset
+                bufsize = buffer_sizes.get(tp)
+                is_active = tp in active_tps
+                if is_active:
+                    table = tp_to_table[tp]
+                    offsets = self.active_offsets
+                    if bufsize is None:
+                        bufsize = buffer_sizes[tp] = table.recovery_buffer_size
+                    self._active_events_received_at[tp] = now
+                elif tp in standby_tps:
+                    table = tp_to_table[tp]
+                    offsets = self.standby_offsets
+                    if bufsize is None:
+                        bufsize = buffer_sizes[tp] = table.standby_buffer_size
+                        self._standby_events_received_at[tp] = now
+                else:
+                    log.warning("recovery unknown topic %s offset %s: skipped", tp, offset)
+                    continue
+                seen = offsets.get(tp)
+                if seen is None or offset > seen:
+                    offsets[tp] = offset
+                    buffer = buffers[table]
+                    buffer.append(event)
+                    await table.on_changelog_event(event)  # Faust's tables: returns at once
+                    if len(buffer) >= bufsize:
+                        table.apply_changelog_batch(buffer)
+                        buffer.clear()
+                        self._last_flush_at = now
+                    actives += is_active
+            except Exception as error:  # as Faust: logged, and the next record goes on
+                log.warning("Error in recovery %s", error)
+        if actives:
+            self._note_processing_times(actives)
+
+    def _note_processing_times(self, records: int) -> None:
+        """Faust's samples for its estimate of the time recovery has left: each record
+        applied since the last batch gets an equal share of the time since."""
+        now = monotonic()
+        last = self._last_active_event_processed_at
+        if last is not None:
+            samples, most = self._processing_times, self.num_samples_required_for_estimate
+            samples.extend(repeat((now - last) / records, min(records, most)))
+            while len(samples) > most:
+                samples.popleft()
+        self._last_active_event_processed_at = now
+
+    async def _end_recovery_if_done(self, timeouts: int) -> None:
+        """Faust's end of recovery: once the actives have reached their ends, apply what
+        is buffered and signal it; after two waits for a record in vain, a partition
+        whose position has passed its end is done (an aborted tail)."""
+        if timeouts > 1 and self.app.in_transaction:
+            offsets = self.active_offsets
+            for tp, highwater in self.active_highwaters.items():
+                if highwater is not None and offsets[tp] is not None and offsets[tp] < highwater:
+                    position = await self.app.consumer.position(tp)
+                    if position is not None and position >= highwater:
+                        log.info("Aborted tx until highwater for %s", tp)
+                        offsets[tp] = highwater
+        if self.in_recovery and not self.need_recovery():
+            self.flush_buffers()
+            self._set_recovery_ended()
+            if self._actives_span is not None:
+                self._actives_span.set_tag("Actives-Ready", True)
+            self.signal_recovery_end.set()
+
+    def _note_standbys_ready(self) -> None:
+        if self._standbys_span is None and self.tables.standbys_ready:
+            return
+        if not self.standby_remaining_total():
+            if self._standbys_span:
+                finish_span(self._standbys_span)
+                self._standbys_span = None
+            self.tables.on_standbys_ready()
+
+
+class BatchedRecoveryTableManager(TableManager):
+    """Faust's table manager, with `BatchedRecovery` as its recovery service."""
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = BatchedRecovery(self.app, self, beacon=self.beacon,
+                                             loop=self.loop)
+        return self._recovery
+
+
 class AdaptedTransport(faust_aiokafka.Transport):
     Consumer = WholeRecordConsumer
     Producer = CommitProducer
@@ -632,6 +779,7 @@ class AdaptedApp(faust.App):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("Monitor", LeanMonitor)
         kwargs.setdefault("producer_partitioner", CachedKeyPartitioner())
+        kwargs.setdefault("TableManager", BatchedRecoveryTableManager)
         super().__init__(*args, **kwargs)
         # Held while a commit takes its offsets and batch, and while a rebalance
         # commits: a record waits for it (see WholeRecordConsumer.force_commit).

@@ -11,6 +11,7 @@ from typing import Any
 import faust
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
+from faust.tables.recovery import Recovery
 from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import TransactionManager
 from faust.types import TP
@@ -21,6 +22,7 @@ from processors.config import Settings
 from processors.faust_adaptations import (
     FETCH_MAX_WAIT_MS,
     AdaptedApp,
+    BatchedRecovery,
     CachedKeyPartitioner,
     CommitProducer,
     LeanMonitor,
@@ -86,6 +88,7 @@ def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:
     assert isinstance(app.monitor, LeanMonitor)
     assert isinstance(app.producer.partitioner, CachedKeyPartitioner)
     assert isinstance(app.producer.buffer, UnthreadedProducerBuffer)
+    assert isinstance(app.tables.recovery, BatchedRecovery)
 
 
 def test_a_fetch_waits_briefly_for_records_of_the_partitions_it_started_with() -> None:
@@ -445,3 +448,115 @@ def test_a_delivery_error_propagates_from_either_path() -> None:
                 await consumer.wait_first(failing(), flow.wait())
 
     asyncio.run(scenario())
+
+
+class _ChangelogTable:
+    """What recovery uses of a table: its buffer sizes, the event hook and the batch
+    apply (here recorded)."""
+
+    def __init__(self, recovery_buffer_size: int = 1000, standby_buffer_size: int = 1000,
+                 ) -> None:
+        self.recovery_buffer_size = recovery_buffer_size
+        self.standby_buffer_size = standby_buffer_size
+        self.hooked: list[int] = []
+        self.applied: list[list[int]] = []
+
+    async def on_changelog_event(self, event: Any) -> None:
+        self.hooked.append(event.message.offset)
+
+    def apply_changelog_batch(self, events: list[Any]) -> None:
+        if events:
+            self.applied.append([event.message.offset for event in events])
+
+
+def _changelog_event(tp: TP, offset: int) -> Any:
+    return SimpleNamespace(message=SimpleNamespace(tp=tp, offset=offset))
+
+
+async def _recovering(active: _ChangelogTable, standby: _ChangelogTable,
+                      ) -> tuple[Any, TP, TP]:
+    """The app's recovery in active recovery of `active`'s partition (to offset 9), with
+    `standby`'s partition a standby read up to offset 6 (its end: 12)."""
+    app = faust_app(Settings.from_env({}))
+    app.flow_control.resume()
+    recovery = app.tables.recovery
+    active_tp, standby_tp = TP("state-changelog", 0), TP("text-changelog", 1)
+    recovery.tp_to_table.update({active_tp: active, standby_tp: standby})
+    recovery.active_tps.add(active_tp)
+    recovery.standby_tps.add(standby_tp)
+    recovery.active_offsets[active_tp] = -1
+    recovery.active_highwaters[active_tp] = 9
+    recovery.standby_offsets[standby_tp] = 6
+    recovery.standby_highwaters[standby_tp] = 12
+    recovery._set_recovery_started()
+    return recovery, active_tp, standby_tp
+
+
+async def _stopped(slurp: asyncio.Future[None]) -> None:
+    """Cancel the recovery loop (a cancellation can be lost in `wait_for` when its
+    record arrives at the same time: Python 3.11's wait_for, in Faust's loop too)."""
+    while not slurp.done():
+        slurp.cancel()
+        await asyncio.wait([slurp], timeout=0.1)
+
+
+def test_recovery_applies_all_queued_changelog_records_in_one_loop_turn() -> None:
+    """Faust took one changelog record per `wait_for(queue.get())`, a task and several
+    loop turns each, while the agent takes a record every turn: the standbys fell
+    behind. Here every queued record is applied before the loop runs anything else,
+    with Faust's bookkeeping: offsets per partition, records at or below a
+    partition's offset skipped, each table's buffer applied at its size, the rest
+    applied when the actives reach their ends and recovery's end signalled."""
+    active = _ChangelogTable(recovery_buffer_size=4)
+    standby = _ChangelogTable(standby_buffer_size=3)
+
+    async def scenario() -> list[int]:
+        recovery, active_tp, standby_tp = await _recovering(active, standby)
+        queue = recovery.tables.changelog_queue
+        slurp = asyncio.ensure_future(type(recovery)._slurp_changelogs.fun(recovery))
+        ended = asyncio.ensure_future(recovery.signal_recovery_end.wait())
+        await asyncio.sleep(0)  # the loop now waits for a record
+        for offset in range(10):
+            queue.put_nowait(_changelog_event(active_tp, offset))
+            if offset >= 5:
+                queue.put_nowait(_changelog_event(standby_tp, offset))
+        queue.put_nowait(_changelog_event(TP("gone-changelog", 0), 3))  # revoked meanwhile
+        hooked_per_turn = []
+        for _turn in range(6):  # what another task (the agent) sees, turn by turn
+            await asyncio.sleep(0)
+            hooked_per_turn.append(len(active.hooked) + len(standby.hooked))
+        assert ended.done() and not recovery.in_recovery
+        assert recovery.active_offsets[active_tp] == 9
+        assert recovery.standby_offsets[standby_tp] == 9
+        assert not recovery.tables.standbys_ready  # 3 records short of the standby's end
+        assert queue.empty()
+        await _stopped(slurp)
+        return hooked_per_turn
+
+    hooked_per_turn = asyncio.run(scenario())
+    # None, then all at once: no other task ran while they were applied.
+    assert set(hooked_per_turn) == {0, 13} and hooked_per_turn[-1] == 13
+    assert active.hooked == list(range(10)) and standby.hooked == [7, 8, 9]
+    assert active.applied == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # the last at the end
+    assert standby.applied == [[7, 8, 9]]
+
+
+def test_faust_s_recovery_takes_a_changelog_record_every_few_loop_turns() -> None:
+    """What the batched recovery replaces (if a Faust upgrade batches by itself, this
+    adaptation can go)."""
+    active, standby = _ChangelogTable(), _ChangelogTable()
+
+    async def scenario() -> int:
+        recovery, active_tp, _standby_tp = await _recovering(active, standby)
+        queue = recovery.tables.changelog_queue
+        slurp = asyncio.ensure_future(Recovery._slurp_changelogs.fun(recovery))
+        await asyncio.sleep(0)
+        for offset in range(10):
+            queue.put_nowait(_changelog_event(active_tp, offset))
+        for _turn in range(6):
+            await asyncio.sleep(0)
+        hooked = len(active.hooked)
+        await _stopped(slurp)
+        return hooked
+
+    assert asyncio.run(scenario()) < 4
