@@ -25,6 +25,7 @@ from processors.engine.codes import LossReason
 from processors.engine.engine import KeyEngine
 from processors.engine.history import held_encrypted_values
 from processors.engine.state import KeyState, Phase
+from processors.exact_bytes import exact_bytes
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.safe_logging import log_exception_kind
@@ -366,7 +367,7 @@ class RecordProcessor:
                 yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks), chunk)
                 cached.chunks += 1
             if carried is not None:
-                cached.persisted_state, cached.persisted_body = carried, body
+                cached.persisted_state, cached.persisted_body = carried, exact_bytes(body)
         for stale in cached.stale_texts:
             yield StateChange(TEXT_TABLE, stale, None)
         cached.stale_texts = []
@@ -387,7 +388,7 @@ class RecordProcessor:
         value = encode_state(cached.partition, cached.applied, cached.chunks, body)
         if value != cached.persisted_state:
             yield from self._state_entry(state_key, cached, value)
-            cached.persisted_body = body
+            cached.persisted_body = exact_bytes(body)
 
     def _state_entry(self, state_key: bytes, cached: CachedKey,
                      value: bytes | None) -> Iterator[StateChange]:

@@ -45,6 +45,7 @@ from ag_ui.core import Message
 from aiokafka.partitioner import murmur2
 from pydantic import TypeAdapter, ValidationError
 
+from processors.exact_bytes import exact_bytes
 from processors.outputs import Incoming
 from processors.record_processor import StateChange
 from processors.safe_logging import log_exception_kind
@@ -374,7 +375,7 @@ class ThreadView:
         return self.stored.get(key)
 
     def _put(self, part: _Partition, key: bytes, value: bytes | None) -> None:
-        self._overlay[key] = value
+        self._overlay[key] = None if value is None else exact_bytes(value)
         part.dirty[key] = None
 
     def _header(self, thread: bytes) -> ThreadHeader | None:

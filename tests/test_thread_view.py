@@ -21,6 +21,7 @@ from processors.thread_view import (
     message_key,
     thread_key,
 )
+from tests.memory_helpers import bytes_left_allocated
 from tests.view_helpers import T0, History, assistant, feed, user
 from topics.records import HistoryMessage, HistoryRun
 
@@ -82,6 +83,20 @@ def ids(view: ThreadView, thread: str = "t1", tenant: str = "acme",
 
 
 # --- the view ------------------------------------------------------------------------
+
+
+def test_a_stored_message_keeps_no_more_memory_than_its_size() -> None:
+    """The view kept each message, run summary and header as `orjson.dumps` returned
+    them, each with the 4 KB buffer it was written in (allocations counted by
+    tracemalloc, for 500 short messages and their runs)."""
+    history, view = History(), Store().view()
+
+    def apply_runs() -> ThreadView:
+        for number in range(500):
+            feed(view, history.run(f"t{number}", f"r{number}", [user(f"u{number}")]))
+        return view
+
+    assert bytes_left_allocated(apply_runs) / 500 < 4_000
 
 
 def test_messages_of_successive_runs_follow_each_other() -> None:
