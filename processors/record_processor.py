@@ -355,6 +355,9 @@ class RecordProcessor:
         carried = None  # the state entry the first chunk carries
         if writes_text:
             limit = self.builder.max_record_bytes
+            # The first chunk carries a changed state when a restore will read it as
+            # newer than the stored entry (stored_keys: the entry counts no more
+            # chunks than its number), and the state leaves room for text.
             if state_changed and (cached.entry_chunks is None
                                   or cached.entry_chunks <= cached.chunks):
                 value = encode_state(cached.partition, cached.applied, cached.chunks + 1,
