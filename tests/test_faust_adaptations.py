@@ -35,7 +35,7 @@ from processors.faust_adaptations import (
     check_versions,
     transactional_id,
 )
-from processors.service import faust_app
+from processors.service import PARTITION_FETCH_BYTES, faust_app
 
 
 def test_resume_while_active_keeps_queued_records_and_after_suspension_clears() -> None:
@@ -142,6 +142,19 @@ def test_the_broker_holds_an_empty_fetch_briefly() -> None:
         client = consumer._thread._create_worker_consumer(consumer.transport)
         assert client._fetch_max_wait_ms == FETCH_MAX_WAIT_MS <= 100
         await client.stop()  # never started: closes nothing but its client object
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_brings_a_few_hundred_records_per_partition() -> None:
+    """aiokafka hands out a fetch's records one partition after another: with Faust's
+    1 MiB per partition, each partition waited for the others' whole megabyte (a record
+    larger than this still comes whole: the poison test's 150 KB delta)."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        client = consumer._thread._create_worker_consumer(consumer.transport)
+        assert client._max_partition_fetch_bytes == PARTITION_FETCH_BYTES <= 64 * 1024
+        await client.stop()
 
     asyncio.run(scenario())
 
