@@ -25,7 +25,6 @@ from processors.engine.codes import LossReason
 from processors.engine.engine import KeyEngine
 from processors.engine.history import held_encrypted_values
 from processors.engine.state import KeyState, Phase
-from processors.exact_bytes import exact_bytes
 from processors.metrics import Metrics
 from processors.outputs import Incoming, Outgoing, OutputBuilder
 from processors.safe_logging import log_exception_kind
@@ -43,6 +42,7 @@ from processors.stored_keys import (
     encode_chunks,
     encode_state,
     first_chunk_owner,
+    holds_body,
     join_state,
     legacy_text_keys,
     partition_of,
@@ -88,7 +88,6 @@ class CachedKey:
     stored_chunks: int = 0  # chunk numbers that may be stored (of any run): 0 .. n-1
     persisted_state: bytes | None = None  # the state as last handed out (whole), in an
     # entry or a chunk
-    persisted_body: bytes | None = None  # its engine state, if handed out since the load
     entry_chunks: int | None = None  # the stored state entry's chunk count (None: no entry)
     stored_parts: int = 0  # parts of a split state entry that may be stored: 0 .. n-1
     freed: bool = False  # to delete at the next changes(), then forget
@@ -350,7 +349,7 @@ class RecordProcessor:
         if cleared or not run_active:
             cached.chunks = 0  # the chunks stored so far are an earlier run's
         body = b"" if cached.freed else cached.engine.state.to_json()
-        state_changed = cleared or body != cached.persisted_body
+        state_changed = cleared or not holds_body(cached.persisted_state, body)
         writes_text = bool(fresh) and run_active and not cached.freed
         carried = None  # the state entry the first chunk carries
         if writes_text:
@@ -370,7 +369,7 @@ class RecordProcessor:
                 yield StateChange(TEXT_TABLE, chunk_key(state_key, cached.chunks), chunk)
                 cached.chunks += 1
             if carried is not None:
-                cached.persisted_state, cached.persisted_body = carried, exact_bytes(body)
+                cached.persisted_state = carried
         for stale in cached.stale_texts:
             yield StateChange(TEXT_TABLE, stale, None)
         cached.stale_texts = []
@@ -380,7 +379,6 @@ class RecordProcessor:
         cached.stored_chunks = keep
         if cached.freed:
             yield from self._state_entry(state_key, cached, None)
-            cached.persisted_body = None
             # Cached until the commit that deletes it is applied (`drop_deleted_keys`):
             # until then the store still holds what it deletes, and a record for the
             # key in between must not read it.
@@ -391,7 +389,6 @@ class RecordProcessor:
         value = encode_state(cached.partition, cached.applied, cached.chunks, body)
         if value != cached.persisted_state:
             yield from self._state_entry(state_key, cached, value)
-            cached.persisted_body = exact_bytes(body)
 
     def _state_entry(self, state_key: bytes, cached: CachedKey,
                      value: bytes | None) -> Iterator[StateChange]:

@@ -106,6 +106,15 @@ def decode_state(value: bytes) -> StoredKey:
     return StoredKey(partition, applied, chunks, state)
 
 
+def holds_body(value: bytes | None, body: bytes) -> bool:
+    """Whether the whole state entry `value` holds `body` as its engine state (compared
+    in place: a cached key keeps no second copy of its state)."""
+    if value is None or len(value) < _STATE_HEADER.size or value[0] != _FORMAT:
+        return False
+    start = _STATE_HEADER.size + _STATE_HEADER.unpack_from(value)[4]
+    return len(value) - start == len(body) and value.endswith(body)
+
+
 def split_state(value: bytes, limit: int) -> tuple[bytes, list[bytes]]:
     """A state entry as stored: `(value, [])` when it is within `limit` bytes, else a
     head and the engine state in parts of at most `limit` bytes (`state_part_key`).
@@ -268,27 +277,32 @@ def chunk_partition(value: bytes) -> int | None:
     if value[:1] != bytes([_GUARDED_WITH_STATE]):
         return None
     try:
-        state = _decode_chunk(value).state
+        state = _chunk_header(value)[1]
     except Exception:  # unreadable: left to the key's next record
         return None
     return None if state is None else partition_of(state)
 
 
+def _chunk_header(value: bytes) -> tuple[Applied | None, bytes | None, int]:
+    """A chunk's replay guard, the state entry it carries, and where its fragments
+    start."""
+    if value[:1] not in (bytes([_GUARDED]), bytes([_GUARDED_WITH_STATE])):
+        return None, None, 0
+    mark, offset, topic_size = _GUARD_HEADER.unpack_from(value)
+    position = _GUARD_HEADER.size + topic_size
+    guard = _guard_of(offset, value[_GUARD_HEADER.size:position])
+    if mark != _GUARDED_WITH_STATE:
+        return guard, None, position
+    (state_size,) = _STATE_SIZE.unpack_from(value, position)
+    position += _STATE_SIZE.size
+    state = value[position:position + state_size]
+    if len(state) != state_size:
+        raise UndecodableState("truncated text chunk")
+    return guard, state, position + state_size
+
+
 def _decode_chunk(value: bytes) -> TextChunk:
-    guard = None
-    state = None
-    position = 0
-    if value[:1] in (bytes([_GUARDED]), bytes([_GUARDED_WITH_STATE])):
-        mark, offset, topic_size = _GUARD_HEADER.unpack_from(value)
-        position = _GUARD_HEADER.size + topic_size
-        guard = _guard_of(offset, value[_GUARD_HEADER.size:position])
-        if mark == _GUARDED_WITH_STATE:
-            (state_size,) = _STATE_SIZE.unpack_from(value, position)
-            position += _STATE_SIZE.size
-            state = value[position:position + state_size]
-            if len(state) != state_size:
-                raise UndecodableState("truncated text chunk")
-            position += state_size
+    guard, state, position = _chunk_header(value)
     fragments: list[tuple[int, str]] = []
     while position < len(value):
         slot, size = _FRAGMENT_HEADER.unpack_from(value, position)
