@@ -837,12 +837,25 @@ class AdaptedApp(faust.App):
         self._owned_producers = owned
 
 
-async def apply_each(stream: Any, boundary: asyncio.Lock,
-                     apply: Callable[[Any], None]) -> None:
+# How long an agent applies records before it lets the event loop run the rest.
+AGENT_TURN_SECONDS: Final = 0.002
+
+
+async def apply_each(stream: Any, boundary: asyncio.Lock, apply: Callable[[Any], None],
+                     clock: Callable[[], float] = monotonic) -> None:
     """An agent's loop: `apply` each event of the stream (synchronous, so no commit
     starts while it runs), waiting while a commit takes its batch (`force_commit`).
     It iterates the stream itself, not `stream.events()` (one async generator less
-    per record); the stream's current event is the record's."""
+    per record); the stream's current event is the record's.
+
+    A Faust agent gives the event loop back only when its stream's queue is empty,
+    and a fetch fills it with hundreds of records: the loop stalled for up to 0.2 s
+    at a time, and each of a commit's five broker round trips, and the commit timer
+    itself, waited behind such stalls (a commit took 0.15-0.5 s, most of the history
+    latency above the commit interval). Here the agent gives the loop a turn after
+    every `AGENT_TURN_SECONDS` of records.
+    Proof: tests/test_faust_adaptations.py; service_bench.py part 4 (history latency)."""
+    turn_ends = clock() + AGENT_TURN_SECONDS
     async for _value in stream:
         event = stream.current_event
         if boundary.locked():
@@ -850,6 +863,9 @@ async def apply_each(stream: Any, boundary: asyncio.Lock,
                 apply(event)
         else:
             apply(event)
+        if clock() >= turn_ends:
+            await asyncio.sleep(0)
+            turn_ends = clock() + AGENT_TURN_SECONDS
 
 
 async def _beginning_one_if_between(producer: Any, transaction: str,
@@ -862,3 +878,4 @@ async def _beginning_one_if_between(producer: Any, transaction: str,
         log.warning("producer %s was between transactions: beginning one", transaction)
         await producer.maybe_begin_transaction(transaction)
         return await operation()
+

@@ -135,13 +135,19 @@ class WorkerCommitBatch:
         commit (see stop_without_commit)."""
         changelogs = {name: table.changelog_topic.get_topic_name()
                       for name, table in self.tables.items()}
+
+        async def send_part(part: PartitionBatch) -> list[Placed]:
+            records = [OutRecord(item.topic, None, item.key, item.value, item.headers)
+                       for item in part.outgoing]
+            records += [OutRecord(changelogs[change.table], part.partition, change.key,
+                                  change.value, None) for change in part.changes]
+            return await self.producer.send_batched(records, part.transaction)
+
         try:
-            for part in self.parts:
-                records = [OutRecord(item.topic, None, item.key, item.value, item.headers)
-                           for item in part.outgoing]
-                records += [OutRecord(changelogs[change.table], part.partition, change.key,
-                                      change.value, None) for change in part.changes]
-                placed = await self.producer.send_batched(records, part.transaction)
+            # All partitions at once: one after another, each transaction's first
+            # round trip waited for the sends of the partitions before it.
+            placements = await asyncio.gather(*map(send_part, self.parts))
+            for part, placed in zip(self.parts, placements, strict=True):
                 self._delivered.update(dict.fromkeys(delivery for delivery, _place in placed))
                 self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
             for delivery in self._delivered:

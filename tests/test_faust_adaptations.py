@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from processors.config import Settings
 from processors.faust_adaptations import (
+    AGENT_TURN_SECONDS,
     FETCH_MAX_WAIT_MS,
     AdaptedApp,
     BatchedRecovery,
@@ -32,6 +33,7 @@ from processors.faust_adaptations import (
     UncheckedVersion,
     UnthreadedProducerBuffer,
     WholeRecordConsumer,
+    apply_each,
     check_versions,
     transactional_id,
 )
@@ -383,6 +385,51 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
 
     asyncio.run(scenario())
     assert starts == [2.0, 4.0, 6.0, 9.0, 12.0]
+
+
+class _BusyStream:
+    """A stream whose queue never runs dry: its records come without suspending."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.current_event: int | None = None
+
+    def __aiter__(self) -> _BusyStream:
+        return self
+
+    async def __anext__(self) -> int:
+        if self.current_event == self.records - 1:
+            raise StopAsyncIteration
+        self.current_event = 0 if self.current_event is None else self.current_event + 1
+        return self.current_event
+
+
+def test_an_agent_lets_the_loop_run_after_each_turn_of_records() -> None:
+    async def scenario() -> list[int]:
+        now = [0.0]
+        applied: list[int] = []
+        looked_in: list[int] = []  # records applied when another task got to run
+
+        def apply(event: int) -> None:
+            applied.append(event)
+            now[0] += 0.0006  # each record takes 0.6 ms
+
+        async def other_task() -> None:
+            while len(applied) < 20:
+                looked_in.append(len(applied))
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(other_task())
+        await asyncio.sleep(0)  # the other task starts
+        await apply_each(_BusyStream(20), asyncio.Lock(), apply, clock=lambda: now[0])
+        await other
+        assert applied == list(range(20))
+        return looked_in
+
+    # AGENT_TURN_SECONDS (2 ms) is four records; Faust's loop gave the other task no
+    # turn before the stream ran dry ([0]).
+    assert AGENT_TURN_SECONDS == 0.002
+    assert asyncio.run(scenario()) == [0, 4, 8, 12, 16]
 
 
 def test_a_delivery_that_completes_at_once_wins_without_a_task() -> None:
