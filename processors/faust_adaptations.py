@@ -491,6 +491,35 @@ class CommitProducer(faust_aiokafka.Producer):
         buffer = UnthreadedProducerBuffer(loop=self.loop, beacon=self.beacon)
         buffer.app = self.app
         self.buffer = buffer
+        # The topics the worker's commits write (`begin_transaction`).
+        self.commit_topics: tuple[str, ...] = ()
+        self._learning: set[asyncio.Future[None]] = set()
+
+    async def begin_transaction(self, transactional_id: str) -> None:
+        """Faust starts a partition's transactional producer knowing no topic, so each
+        topic a commit first wrote (history, dead letters, each changelog) cost a
+        metadata round trip in the middle of the commit's sends, and the sends after
+        it a second AddPartitionsToTxn round trip: up to 30 ms in each of a new
+        producer's first commits. Here a new producer learns the partitions of every
+        topic in `commit_topics` (one metadata request) while the assignment goes on.
+        Proof: tests/test_faust_adaptations.py; service_bench.py part 4 (history
+        latency)."""
+        starting = transactional_id not in self._transaction_producers
+        await super().begin_transaction(transactional_id)
+        producer = self._transaction_producers.get(transactional_id)
+        if starting and producer is not None and self.commit_topics:
+            learning = asyncio.ensure_future(self._learn_partitions(producer,
+                                                                    transactional_id))
+            self._learning.add(learning)
+            learning.add_done_callback(self._learning.discard)
+
+    async def _learn_partitions(self, producer: Any, transactional_id: str) -> None:
+        try:
+            await asyncio.gather(*(producer.partitions_for(topic)
+                                   for topic in self.commit_topics))
+        except Exception as error:  # a commit asks for what it needs itself
+            log.info("the producer of %s did not learn its topics ahead (%s)",
+                     transactional_id, type(error).__name__)
 
     async def send_batched(self, records: list[OutRecord],
                            transactional_id: str | None) -> list[Placed]:
@@ -878,4 +907,5 @@ async def _beginning_one_if_between(producer: Any, transaction: str,
         log.warning("producer %s was between transactions: beginning one", transaction)
         await producer.maybe_begin_transaction(transaction)
         return await operation()
+
 

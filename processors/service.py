@@ -235,6 +235,9 @@ def create_app(settings: Settings, metrics: Metrics,
     }
     for table in tables.values():
         app.tables.add(table)
+    cast(CommitProducer, app.producer).commit_topics = (
+        settings.history_topic, settings.deadletter_topic,
+        *(table.changelog_topic.get_topic_name() for table in tables.values()))
     builder = OutputBuilder(settings.history_topic, settings.deadletter_topic,
                             settings.max_record_bytes, metrics)
     processor = RecordProcessor(

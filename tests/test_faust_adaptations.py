@@ -14,6 +14,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import TransactionManager
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -430,6 +431,42 @@ def test_an_agent_lets_the_loop_run_after_each_turn_of_records() -> None:
     # turn before the stream ran dry ([0]).
     assert AGENT_TURN_SECONDS == 0.002
     assert asyncio.run(scenario()) == [0, 4, 8, 12, 16]
+
+
+class _TransactionProducer:
+    """An aiokafka producer as far as learning partitions goes."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self.asked.append(topic)
+        return {0, 1}
+
+
+def test_a_new_transactional_producer_learns_the_partitions_of_the_commit_topics(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[_TransactionProducer] = []
+
+    async def faust_begin(self: Any, transactional_id: str) -> None:
+        if transactional_id not in self._transaction_producers:  # Faust starts one
+            started.append(_TransactionProducer())
+            self._transaction_producers[transactional_id] = started[-1]
+
+    monkeypatch.setattr(faust_aiokafka.Producer, "begin_transaction", faust_begin)
+
+    async def scenario() -> None:
+        producer = faust_app(Settings.from_env({})).producer
+        producer._transaction_producers = {}  # Faust's default is one dict for every app
+        producer.commit_topics = ("history", "deadletters", "app-run-state-changelog")
+        await producer.begin_transaction("app-0-0")
+        await producer.begin_transaction("app-0-0")  # the same producer's next one
+        await asyncio.sleep(0)  # the assignment goes on meanwhile
+        await asyncio.sleep(0)
+        assert [p.asked for p in started] == [
+            ["history", "deadletters", "app-run-state-changelog"]]
+
+    asyncio.run(scenario())
 
 
 def test_a_delivery_that_completes_at_once_wins_without_a_task() -> None:
