@@ -907,5 +907,3 @@ async def _beginning_one_if_between(producer: Any, transaction: str,
         log.warning("producer %s was between transactions: beginning one", transaction)
         await producer.maybe_begin_transaction(transaction)
         return await operation()
-
-

@@ -235,9 +235,9 @@ def create_app(settings: Settings, metrics: Metrics,
     }
     for table in tables.values():
         app.tables.add(table)
-    cast(CommitProducer, app.producer).commit_topics = (
-        settings.history_topic, settings.deadletter_topic,
-        *(table.changelog_topic.get_topic_name() for table in tables.values()))
+    producer = cast(CommitProducer, app.producer)
+    producer.commit_topics = (settings.history_topic, settings.deadletter_topic,
+                              *sorted(app.tables.changelog_topics))
     builder = OutputBuilder(settings.history_topic, settings.deadletter_topic,
                             settings.max_record_bytes, metrics)
     processor = RecordProcessor(
@@ -277,7 +277,6 @@ def create_app(settings: Settings, metrics: Metrics,
             await asyncio.Event().wait()
         await apply_each(stream, app.record_boundary, apply)
 
-    producer = cast(CommitProducer, app.producer)
     # Any topic of the agent's group gives a partition's transactional id.
     group_topic = settings.input_topics[0] if settings.input_topics else ticks
 
