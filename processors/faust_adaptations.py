@@ -416,9 +416,13 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         and commits those offsets. Proof: the kill test (duplicates without it);
         service_bench.py (the agent waited 12 % of the time for commits)."""
         async with self._one_commit_at_a_time():
+            started = monotonic()
             async with self.app.record_boundary:
                 offsets, batch = self._take_commit(topics)
-            return await self._complete_commit(offsets, batch, start_new_transaction)
+            observe = self.app.observe_commit
+            observe("take", monotonic() - started)
+            return await self._complete_commit(offsets, batch, start_new_transaction,
+                                               observe)
 
     async def on_partitions_revoked(self, revoked: set[TP]) -> None:
         """Faust leaves open transactions open across a rebalance and forgets revoked
@@ -429,7 +433,7 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         if self.in_transaction:
             async with self._one_commit_at_a_time(), self.app.record_boundary:
                 offsets, batch = self._take_commit(None)
-                await self._complete_commit(offsets, batch, True)
+                await self._complete_commit(offsets, batch, True, _ignore_commit_phase)
         await super().on_partitions_revoked(revoked)
 
     def _one_commit_at_a_time(self) -> asyncio.Lock:
@@ -445,12 +449,17 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         return offsets, self.app.take_commit()
 
     async def _complete_commit(self, offsets: dict[TP, int], batch: CommitBatch,
-                               start_new_transaction: bool) -> bool:
+                               start_new_transaction: bool,
+                               observe: Callable[[str, float], None]) -> bool:
         # Faust's own path would also publish its "attached" messages first; the
         # worker attaches none.
+        started = monotonic()
         await batch.send()
+        sent = monotonic()
         committed = bool(offsets) and bool(await self._commit_offsets(
             offsets, start_new_transaction=start_new_transaction))
+        observe("send", sent - started)
+        observe("commit", monotonic() - sent)
         await batch.apply()
         return committed
 
@@ -801,6 +810,10 @@ class _EmptyCommitBatch:
         return None
 
 
+def _ignore_commit_phase(phase: str, seconds: float) -> None:
+    return None
+
+
 class AdaptedApp(faust.App):
     """A Faust app with the adaptations above; `take_commit` is the worker's hook that
     hands every commit what to send with it."""
@@ -814,6 +827,8 @@ class AdaptedApp(faust.App):
         # commits: a record waits for it (see WholeRecordConsumer.force_commit).
         self.record_boundary = asyncio.Lock()
         self.take_commit: Callable[[], CommitBatch] = _EmptyCommitBatch
+        # Told each timed commit's phases ("take", "send", "commit") and their seconds.
+        self.observe_commit: Callable[[str, float], None] = _ignore_commit_phase
         self._owned_producers: set[str] = set()
         self.on_partitions_assigned.connect(
             self._stop_producers_of_lost_partitions)  # type: ignore[arg-type]

@@ -18,6 +18,9 @@ from prometheus_client.registry import Collector
 from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
 from topics.events import EVENT_TYPES
 
+# The phases of a commit `agui_commit_seconds` times, in order.
+COMMIT_PHASES = ("take", "send", "commit")
+
 
 class Metrics:
     """One set of the service's metrics, registered on one registry."""
@@ -84,6 +87,17 @@ class Metrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
             registry=r,
         )
+        self.commit_seconds = Histogram(
+            "agui_commit_seconds",
+            "This worker's timed commits, by phase: take (waiting for the record being"
+            " processed, then gathering what the records since the last commit left),"
+            " send (producing it until the broker has it), commit (the offsets and the"
+            " transactions' end). A record's outputs are readable after its commit.",
+            ["phase"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5, 1.0,
+                     2.5, 10.0),
+            registry=r,
+        )
         self.per_record = PerRecordTallies()
         r.register(self.per_record)
         # One raw input record of a partition processed in some seconds (per record:
@@ -114,6 +128,8 @@ class Metrics:
             self.runs.labels(outcome.value)
         for kind in ("failure", "warning"):
             self.deadletter_records.labels(kind)
+        for phase in COMMIT_PHASES:
+            self.commit_seconds.labels(phase)
 
 
 class PerRecordTallies(Collector):

@@ -293,6 +293,8 @@ def create_app(settings: Settings, metrics: Metrics,
         return WorkerCommitBatch(parts, producer, tables, app, processor, view)
 
     app.take_commit = take_commit
+    app.observe_commit = lambda phase, seconds: metrics.commit_seconds.labels(phase).observe(
+        seconds)
 
     @app.timer(min(30.0, settings.idle_timeout_seconds / 4))  # type: ignore[untyped-decorator]
     async def tick_own_partitions() -> None:

@@ -388,6 +388,49 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
     assert starts == [2.0, 4.0, 6.0, 9.0, 12.0]
 
 
+def test_a_timed_commit_tells_how_long_each_phase_took(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record's outputs are readable after its commit; each phase is timed."""
+    clock = [0.0]
+    monkeypatch.setattr("processors.faust_adaptations.monotonic", lambda: clock[0])
+    observed: list[tuple[str, float]] = []
+    steps: list[str] = []
+
+    class Batch:
+        async def send(self) -> None:
+            steps.append("send")
+            clock[0] += 0.25
+
+        async def apply(self) -> None:
+            steps.append("apply")
+            clock[0] += 8.0  # after the commit: not part of any phase
+
+    def take() -> Batch:
+        clock[0] += 0.125
+        return Batch()
+
+    async def commit_offsets(offsets: Any, start_new_transaction: bool) -> bool:
+        steps.append("offsets")
+        clock[0] += 0.5
+        return True
+
+    async def scenario() -> None:
+        consumer = await _consumer()
+        app = consumer.app
+        app.take_commit = take
+        app.observe_commit = lambda phase, seconds: observed.append((phase, seconds))
+        monkeypatch.setattr(consumer, "_filter_tps_with_pending_acks", lambda topics: [])
+        monkeypatch.setattr(consumer, "_filter_committable_offsets",
+                            lambda tps: {TP("events", 0): 7})
+        monkeypatch.setattr(consumer, "_commit_offsets", commit_offsets)
+        assert await consumer.force_commit() is True
+
+    asyncio.run(scenario())
+    assert steps == ["send", "offsets", "apply"]
+    assert observed == [("take", 0.125), ("send", 0.25), ("commit", 0.5)]
+
+
 class _BusyStream:
     """A stream whose queue never runs dry: its records come without suspending."""
 
