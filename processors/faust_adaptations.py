@@ -454,10 +454,14 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         # Faust's own path would also publish its "attached" messages first; the
         # worker attaches none.
         started = monotonic()
-        await batch.send()
-        sent = monotonic()
-        committed = bool(offsets) and bool(await self._commit_offsets(
-            offsets, start_new_transaction=start_new_transaction))
+        self.app.commit_in_flight = True
+        try:
+            await batch.send()
+            sent = monotonic()
+            committed = bool(offsets) and bool(await self._commit_offsets(
+                offsets, start_new_transaction=start_new_transaction))
+        finally:
+            self.app.commit_in_flight = False
         observe("send", sent - started)
         observe("commit", monotonic() - sent)
         await batch.apply()
@@ -826,6 +830,8 @@ class AdaptedApp(faust.App):
         # Held while a commit takes its offsets and batch, and while a rebalance
         # commits: a record waits for it (see WholeRecordConsumer.force_commit).
         self.record_boundary = asyncio.Lock()
+        # A commit is sending its batch or committing its offsets (`apply_each`).
+        self.commit_in_flight = False
         self.take_commit: Callable[[], CommitBatch] = _EmptyCommitBatch
         # Told each timed commit's phases ("take", "send", "commit") and their seconds.
         self.observe_commit: Callable[[str, float], None] = _ignore_commit_phase
@@ -885,7 +891,7 @@ class AdaptedApp(faust.App):
 AGENT_TURN_SECONDS: Final = 0.002
 
 
-async def apply_each(stream: Any, boundary: asyncio.Lock, apply: Callable[[Any], None],
+async def apply_each(stream: Any, app: AdaptedApp, apply: Callable[[Any], None],
                      clock: Callable[[], float] = monotonic) -> None:
     """An agent's loop: `apply` each event of the stream (synchronous, so no commit
     starts while it runs), waiting while a commit takes its batch (`force_commit`).
@@ -897,8 +903,11 @@ async def apply_each(stream: Any, boundary: asyncio.Lock, apply: Callable[[Any],
     at a time, and each of a commit's five broker round trips, and the commit timer
     itself, waited behind such stalls (a commit took 0.15-0.5 s, most of the history
     latency above the commit interval). Here the agent gives the loop a turn after
-    every `AGENT_TURN_SECONDS` of records.
+    every `AGENT_TURN_SECONDS` of records, and after every record while a commit is
+    in flight (its records are readable only after the next commit anyway), so that
+    each of the commit's round trips goes on as soon as its answer arrives.
     Proof: tests/test_faust_adaptations.py; service_bench.py part 4 (history latency)."""
+    boundary = app.record_boundary
     turn_ends = clock() + AGENT_TURN_SECONDS
     async for _value in stream:
         event = stream.current_event
@@ -907,7 +916,7 @@ async def apply_each(stream: Any, boundary: asyncio.Lock, apply: Callable[[Any],
                 apply(event)
         else:
             apply(event)
-        if clock() >= turn_ends:
+        if app.commit_in_flight or clock() >= turn_ends:
             await asyncio.sleep(0)
             turn_ends = clock() + AGENT_TURN_SECONDS
 

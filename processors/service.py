@@ -275,7 +275,7 @@ def create_app(settings: Settings, metrics: Metrics,
         agent_streams.append(stream)
         if settings.test_stall_agent:  # test only: input waits, nothing is processed
             await asyncio.Event().wait()
-        await apply_each(stream, app.record_boundary, apply)
+        await apply_each(stream, app, apply)
 
     # Any topic of the agent's group gives a partition's transactional id.
     group_topic = settings.input_topics[0] if settings.input_topics else ticks

@@ -56,7 +56,7 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
 
     @app.agent(history, name="thread-view")
     async def maintain_thread_view(stream: Any) -> None:
-        await apply_each(stream, app.record_boundary, apply)
+        await apply_each(stream, app, apply)
 
     async def answer(page: Any, request: Any, thread_id: str, name: str,
                      route: Route) -> Any:

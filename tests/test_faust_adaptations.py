@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import gc
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import faust
 import pytest
@@ -391,19 +391,21 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
 def test_a_timed_commit_tells_how_long_each_phase_took(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A record's outputs are readable after its commit; each phase is timed."""
+    """A record's outputs are readable after its commit; each phase is timed, and the
+    agents know while it sends and commits (`apply_each`)."""
     clock = [0.0]
     monkeypatch.setattr("processors.faust_adaptations.monotonic", lambda: clock[0])
     observed: list[tuple[str, float]] = []
-    steps: list[str] = []
+    steps: list[tuple[str, bool]] = []  # (step, a commit in flight)
+    apps: list[AdaptedApp] = []
 
     class Batch:
         async def send(self) -> None:
-            steps.append("send")
+            steps.append(("send", apps[0].commit_in_flight))
             clock[0] += 0.25
 
         async def apply(self) -> None:
-            steps.append("apply")
+            steps.append(("apply", apps[0].commit_in_flight))
             clock[0] += 8.0  # after the commit: not part of any phase
 
     def take() -> Batch:
@@ -411,13 +413,14 @@ def test_a_timed_commit_tells_how_long_each_phase_took(
         return Batch()
 
     async def commit_offsets(offsets: Any, start_new_transaction: bool) -> bool:
-        steps.append("offsets")
+        steps.append(("offsets", apps[0].commit_in_flight))
         clock[0] += 0.5
         return True
 
     async def scenario() -> None:
         consumer = await _consumer()
         app = consumer.app
+        apps.append(app)
         app.take_commit = take
         app.observe_commit = lambda phase, seconds: observed.append((phase, seconds))
         monkeypatch.setattr(consumer, "_filter_tps_with_pending_acks", lambda topics: [])
@@ -427,7 +430,7 @@ def test_a_timed_commit_tells_how_long_each_phase_took(
         assert await consumer.force_commit() is True
 
     asyncio.run(scenario())
-    assert steps == ["send", "offsets", "apply"]
+    assert steps == [("send", True), ("offsets", True), ("apply", False)]
     assert observed == [("take", 0.125), ("send", 0.25), ("commit", 0.5)]
 
 
@@ -448,7 +451,9 @@ class _BusyStream:
         return self.current_event
 
 
-def test_an_agent_lets_the_loop_run_after_each_turn_of_records() -> None:
+def _agent_turns(committing: bool) -> list[int]:
+    """How many records an agent had applied each time another task got a turn, with
+    twenty records of 0.6 ms each in its stream's queue."""
     async def scenario() -> list[int]:
         now = [0.0]
         applied: list[int] = []
@@ -463,17 +468,27 @@ def test_an_agent_lets_the_loop_run_after_each_turn_of_records() -> None:
                 looked_in.append(len(applied))
                 await asyncio.sleep(0)
 
+        app = SimpleNamespace(record_boundary=asyncio.Lock(), commit_in_flight=committing)
         other = asyncio.ensure_future(other_task())
         await asyncio.sleep(0)  # the other task starts
-        await apply_each(_BusyStream(20), asyncio.Lock(), apply, clock=lambda: now[0])
+        await apply_each(_BusyStream(20), cast(Any, app), apply, clock=lambda: now[0])
         await other
         assert applied == list(range(20))
         return looked_in
 
+    return asyncio.run(scenario())
+
+
+def test_an_agent_lets_the_loop_run_after_each_turn_of_records() -> None:
     # AGENT_TURN_SECONDS (2 ms) is four records; Faust's loop gave the other task no
     # turn before the stream ran dry ([0]).
     assert AGENT_TURN_SECONDS == 0.002
-    assert asyncio.run(scenario()) == [0, 4, 8, 12, 16]
+    assert _agent_turns(committing=False) == [0, 4, 8, 12, 16]
+
+
+def test_while_a_commit_is_in_flight_an_agent_lets_the_loop_run_after_each_record() -> None:
+    """Each of the commit's round trips goes on as soon as its answer arrives."""
+    assert _agent_turns(committing=True) == list(range(20))
 
 
 class _TransactionProducer:
