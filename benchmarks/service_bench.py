@@ -46,6 +46,16 @@ and every worker it starts is stopped before it exits.
    short reasoning message but never finish (each under its own key); the
    difference divided by K. The serialized size per open run (its run-state
    value and run-text entries, from the changelogs) is printed as a lower bound.
+4. **Concurrent runs: changelog records per input, and history latency.** One
+   worker (memory://, exactly_once). 200 runs of 100 deltas each, their records
+   interleaved and the runs starting staggered, produced at 3,000 records/s
+   (``--concurrent``, ``--rate``), twice: a first round on the worker (and, with
+   ``--only concurrent``, the broker) that has just started, shown, then a second
+   round of 200 new runs, measured (a worker lives for days). Per run, the seconds
+   from producing its RUN_FINISHED to its closing history record being readable
+   (``read_committed``), p50/p99/max; the changelog records the second round's
+   keys wrote per input record; and each round's commits by phase (the worker's
+   ``agui_commit_seconds``: mean, and the bucket its p99 falls under).
 
 Target (issue 3): worker >= 0.5 of the passthrough rate; changelog < 2 bytes
 per input byte for the 10,000-delta message.
