@@ -38,6 +38,7 @@ from processors.engine.decisions import (
 from processors.engine.jsonpatch import apply_patch
 from processors.engine.state import (
     NAMESPACES,
+    OPEN_KINDS,
     ChunkKind,
     KeyState,
     MessageRecord,
@@ -77,12 +78,13 @@ _PASSIVE_KEYS: Final = frozenset({"type", "timestamp", "rawEvent"})
 class _Namespace:
     """One set of ids open at the same time (rule book section 1)."""
 
-    __slots__ = ("already_open", "delta_keys", "id_key", "name", "not_open", "noun", "owned",
-                 "streams")
+    __slots__ = ("already_open", "delta_keys", "id_key", "index", "name", "not_open", "noun",
+                 "owned", "streams")
 
     def __init__(self, name: str, id_key: str, noun: str, already_open: FailureCode,
                  not_open: FailureCode, streams: bool) -> None:
-        self.name = name  # its key in RunState.open (and RunState.owners)
+        self.name = name
+        self.index = OPEN_KINDS.index(name)  # its position in RunState.open (and .owners)
         self.id_key = id_key  # the field that names an item
         self.noun = noun  # how reasons name an item
         self.already_open = already_open
@@ -346,10 +348,10 @@ class KeyEngine:
                 f"RUN_FINISHED names thread {event['threadId']!r} run {event['runId']!r};"
                 f" RUN_STARTED named thread {run.thread_id!r} run {run.run_id!r}",
             )
-        if any(run.open.values()):
+        if any(run.open):
             still_open = [
-                _describe(_NAMESPACES[name], item_id)
-                for name, ids in run.open.items()
+                _describe(_NAMESPACES[kind], item_id)
+                for kind, ids in zip(OPEN_KINDS, run.open, strict=True)
                 for item_id in ids
             ]
             raise RunFailure(FailureCode.OPEN_AT_FINISH,
@@ -360,7 +362,7 @@ class KeyEngine:
     def _run_error(self, run: RunState, event: dict[str, Any]) -> None:
         discarded_values = 0
         for ns in (_REASONING, _TEXT):
-            for message_id in run.open[ns.name]:
+            for message_id in run.open[ns.index]:
                 record = run.messages.pop(message_id, None)
                 if record is None:
                     continue
@@ -369,7 +371,7 @@ class KeyEngine:
                 self._warn(WarningCode.INCOMPLETE_AT_ERROR,
                            f"{_describe(ns, message_id)} was open at RUN_ERROR;"
                            " it was discarded")
-        for call_id in run.open[_TOOL_CALLS.name]:
+        for call_id in run.open[_TOOL_CALLS.index]:
             host = run.messages.get(run.tool_index.get(call_id, ""))
             if host is None or host.tool_calls is None:
                 continue  # went with a discarded message
@@ -561,7 +563,7 @@ class KeyEngine:
     def _check_owner(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
         if tag is None:
             return  # an absent tag never disagrees
-        owner = run.owners[ns.name].get(item_id, _ABSENT)
+        owner = run.owners[ns.index].get(item_id, _ABSENT)
         if owner is not _ABSENT and owner != tag:
             opener = "the parent agent" if owner is None else f"subagent run {owner!r}"
             raise RunFailure(FailureCode.OWNER_MISMATCH,
@@ -569,11 +571,11 @@ class KeyEngine:
                              f" subagent run {tag!r} may not continue it")
 
     def _open(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
-        opened = run.open[ns.name]
+        opened = run.open[ns.index]
         if item_id in opened:
             raise RunFailure(ns.already_open, f"{_describe(ns, item_id)} is already open")
         if ns.owned:
-            owners = run.owners[ns.name]
+            owners = run.owners[ns.index]
             if item_id in owners:
                 self._check_owner(run, ns, item_id, tag)
             else:
@@ -581,7 +583,7 @@ class KeyEngine:
         opened[item_id] = None
 
     def _require_open(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
-        if item_id not in run.open[ns.name]:
+        if item_id not in run.open[ns.index]:
             raise RunFailure(ns.not_open, f"{_describe(ns, item_id)} is not open")
         if tag is not None and ns.owned:
             self._check_owner(run, ns, item_id, tag)
@@ -589,7 +591,7 @@ class KeyEngine:
     def _close(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None,
                metadata: dict[str, Any] | None) -> None:
         self._require_open(run, ns, item_id, tag)
-        del run.open[ns.name][item_id]
+        del run.open[ns.index][item_id]
         if metadata is not None and ns.streams:
             if ns is _TOOL_CALLS:
                 call = self._tool_call(run, item_id)

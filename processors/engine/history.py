@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from processors.engine.state import MessageRecord, RunState, ToolCallRecord
+from processors.engine.state import OPEN_KINDS, MessageRecord, RunState, ToolCallRecord
+
+# Where RunState.open keeps the open messages and tool calls.
+_OPEN_REASONING, _OPEN_TEXT, _OPEN_TOOL = (OPEN_KINDS.index(kind)
+                                           for kind in ("reasoning", "text", "tool"))
 
 # Keys a history message takes from its record's own slots, not from `fields`.
 _RECORD_KEYS = frozenset({"id", "role", "content", "toolCalls", "encryptedValue", "metadata"})
@@ -51,8 +55,8 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
     listed = {r.id for r in incoming}
     carries_reasoning = any(r.role == "reasoning" for r in incoming)
     carries_activity = any(r.role == "activity" for r in incoming)
-    open_messages = run.open["reasoning"].keys() | run.open["text"].keys()
-    open_calls = run.open["tool"]
+    open_messages = run.open[_OPEN_REASONING].keys() | run.open[_OPEN_TEXT].keys()
+    open_calls = run.open[_OPEN_TOOL]
     open_call_hosts = {run.tool_index[c] for c in open_calls if c in run.tool_index}
 
     def survives(record: MessageRecord) -> bool:
