@@ -366,7 +366,6 @@ class KeyEngine:
                 record = run.messages.pop(message_id, None)
                 if record is None:
                     continue
-                run.order.remove(message_id)
                 discarded_values += _values_on(record)
                 self._warn(WarningCode.INCOMPLETE_AT_ERROR,
                            f"{_describe(ns, message_id)} was open at RUN_ERROR;"
@@ -383,7 +382,6 @@ class KeyEngine:
                        " it was discarded")
             if not host.tool_calls and not (host.content_base or host.content_slot is not None):
                 run.messages.pop(host.id)
-                run.order.remove(host.id)
                 discarded_values += _values_on(host)
         self._out.extend(EncryptedLost(LossReason.INCOMPLETE_AT_ERROR)
                          for _ in range(discarded_values))
@@ -393,7 +391,7 @@ class KeyEngine:
 
     def _assemble(self, run: RunState) -> list[dict[str, Any]]:
         texts = self.content.texts()
-        return [history.to_message(run.messages[mid], texts) for mid in run.order]
+        return [history.to_message(record, texts) for record in run.messages.values()]
 
     def _conclude(
         self,
@@ -543,7 +541,7 @@ class KeyEngine:
         elif kind is ChunkKind.TEXT:
             record = run.messages.get(item_id)
             if record is not None:
-                for key, current in (("role", record.role), ("name", record.fields.get("name"))):
+                for key, current in (("role", record.role), ("name", record.field("name"))):
                     if key in event and event[key] != current:
                         raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                          f"text chunk for {item_id!r} repeats {key} with"
@@ -646,12 +644,11 @@ class KeyEngine:
         if record is None:
             record = MessageRecord(message_id, role)
             if tag is not None:
-                record.fields["subagentRunId"] = tag
+                record.set_field("subagentRunId", tag)
             if "name" in event:
-                record.fields["name"] = event["name"]
+                record.set_field("name", event["name"])
             record.content_base = ""
             run.messages[message_id] = record
-            run.order.append(message_id)
         elif record.content_base is None and record.content_slot is None:
             record.content_base = ""  # a tool-call host now streams text too
         if "metadata" in event:
@@ -713,9 +710,8 @@ class KeyEngine:
                 return existing
         host = MessageRecord(host_id, "assistant")
         if tag is not None:
-            host.fields["subagentRunId"] = tag
+            host.set_field("subagentRunId", tag)
         run.messages[host_id] = host
-        run.order.append(host_id)
         return host
 
     def _append_args(
@@ -740,15 +736,15 @@ class KeyEngine:
         if type(content) is str:
             record.content_base = content
         else:
-            record.fields["content"] = content
+            record.set_field("content", content)
         if "subagentRunId" in event:
-            record.fields["subagentRunId"] = event["subagentRunId"]
-        previous = run.messages.get(message_id)
+            record.set_field("subagentRunId", event["subagentRunId"])
         if "metadata" in event:
             record.metadata = event["metadata"]
-        run.messages[message_id] = record
-        if previous is None:
-            run.order.insert(history.tool_result_position(run, event["toolCallId"]), message_id)
+        if message_id in run.messages:
+            run.messages[message_id] = record  # restated: it keeps its place
+        else:
+            history.add_tool_result(run, record, event["toolCallId"])
 
     # --- encrypted values -------------------------------------------------------------
 
@@ -790,20 +786,18 @@ class KeyEngine:
             {"activityType": event["activityType"], "content": event["content"]},
         )
         if "subagentRunId" in event:
-            record.fields["subagentRunId"] = event["subagentRunId"]
+            record.set_field("subagentRunId", event["subagentRunId"])
         if "metadata" in event:
             record.metadata = event["metadata"]
         run.messages[message_id] = record
-        if previous is None:
-            run.order.append(message_id)
 
     def _activity_delta(self, run: RunState, event: dict[str, Any]) -> None:
         record = run.messages.get(event["messageId"])
         if record is None or record.role != "activity":
             return
-        patched = apply_patch(record.fields["content"], event["patch"])
+        patched = apply_patch(record.field("content"), event["patch"])
         if type(patched) is dict:
-            record.fields["content"] = patched
+            record.set_field("content", patched)
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
 

@@ -23,13 +23,13 @@ def record_from_wire(message: dict[str, Any]) -> MessageRecord:
     record = MessageRecord(
         message["id"],
         message["role"],
-        {k: v for k, v in message.items() if k not in _RECORD_KEYS},
+        {k: v for k, v in message.items() if k not in _RECORD_KEYS} or None,
     )
     content = message.get("content")
     if type(content) is str:
         record.content_base = content
     elif content is not None:
-        record.fields["content"] = content  # content parts or activity content
+        record.set_field("content", content)  # content parts or activity content
     calls = message.get("toolCalls")
     if calls is not None:
         record.tool_calls = []
@@ -68,16 +68,12 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
             return not carries_activity
         return False
 
-    kept = [mid for mid in run.order if survives(run.messages[mid])]
-    by_id = {mid: run.messages[mid] for mid in kept}
+    by_id = {mid: record for mid, record in run.messages.items() if survives(record)}
     for record in incoming:
         previous = by_id.get(record.id)
-        if previous is None:
-            kept.append(record.id)
-        else:
+        if previous is not None:
             _keep_open_calls(previous, record, open_calls)
-        by_id[record.id] = record
-    run.order = kept
+        by_id[record.id] = record  # a restated message keeps its place, a new one goes last
     run.messages = by_id
     run.tool_index = {
         call.id: record.id
@@ -145,18 +141,25 @@ def _to_tool_call(call: ToolCallRecord, texts: dict[int, str]) -> dict[str, Any]
     return tool_call
 
 
-def tool_result_position(run: RunState, tool_call_id: str) -> int:
-    """Where a TOOL_CALL_RESULT's message goes: right after the assistant message
+def add_tool_result(run: RunState, record: MessageRecord, tool_call_id: str) -> None:
+    """Place a new TOOL_CALL_RESULT's message: right after the assistant message
     holding the call, after the results already placed there; at the end when
     the call is unknown."""
+    messages = run.messages
+    placed = list(messages)
+    position = len(placed)
     host = run.tool_index.get(tool_call_id)
-    if host is None or host not in run.messages:
-        return len(run.order)
-    host_calls = {c.id for c in run.messages[host].tool_calls or ()}
-    position = run.order.index(host) + 1
-    while position < len(run.order):
-        following = run.messages[run.order[position]]
-        if following.role != "tool" or following.fields.get("toolCallId") not in host_calls:
-            break
-        position += 1
-    return position
+    if host is not None and host in messages:
+        host_calls = {c.id for c in messages[host].tool_calls or ()}
+        position = placed.index(host) + 1
+        while position < len(placed):
+            following = messages[placed[position]]
+            if following.role != "tool" or following.field("toolCallId") not in host_calls:
+                break
+            position += 1
+    if position == len(placed):
+        messages[record.id] = record
+    else:  # a dict only appends: rebuild it with the record in its place
+        items = list(messages.items())
+        items.insert(position, (record.id, record))
+        run.messages = dict(items)

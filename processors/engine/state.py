@@ -61,22 +61,36 @@ class MessageRecord:
         self.id = message_id
         self.role = role
         # Everything else the message carries verbatim (name, subagentRunId,
-        # toolCallId, error, activityType, structured content).
-        self.fields: dict[str, Any] = fields if fields is not None else {}
+        # toolCallId, error, activityType, structured content). None while
+        # there is nothing: most streamed messages carry nothing else, and a
+        # dict each would be one more object per message to build, visit
+        # (cold) at the run's end and free.
+        self.fields = fields
         self.content_base: str | None = None
         self.content_slot: int | None = None
         self.tool_calls: list[ToolCallRecord] | None = None
         self.encrypted_value: str | None = None
         self.metadata: dict[str, Any] | None = None
 
+    def field(self, key: str) -> Any:
+        """The value of one of `fields`, None when absent."""
+        return None if self.fields is None else self.fields.get(key)
+
+    def set_field(self, key: str, value: Any) -> None:
+        if self.fields is None:
+            self.fields = {key: value}
+        else:
+            self.fields[key] = value
+
     def to_list(self) -> list[Any]:
         calls = None if self.tool_calls is None else [c.to_list() for c in self.tool_calls]
-        return [self.id, self.role, self.fields, self.content_base, self.content_slot, calls,
+        fields = {} if self.fields is None else self.fields  # stored as before: always a dict
+        return [self.id, self.role, fields, self.content_base, self.content_slot, calls,
                 self.encrypted_value, self.metadata]
 
     @classmethod
     def from_list(cls, data: list[Any]) -> MessageRecord:
-        record = cls(data[0], data[1], data[2])
+        record = cls(data[0], data[1], data[2] or None)
         record.content_base, record.content_slot = data[3], data[4]
         record.tool_calls = None if data[5] is None else [
             ToolCallRecord.from_list(c) for c in data[5]
@@ -93,8 +107,8 @@ OPEN_KINDS = (*NAMESPACES, "step", "subagent")
 
 
 class RunState:
-    __slots__ = ("lanes", "messages", "next_slot", "open", "order", "owners",
-                 "run_id", "thread_id", "tool_index", "warned_fields")
+    __slots__ = ("lanes", "messages", "next_slot", "open", "owners", "run_id", "thread_id",
+                 "tool_index", "warned_fields")
 
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id = thread_id
@@ -110,7 +124,8 @@ class RunState:
         self.owners: tuple[dict[str, str | None], ...] = ({}, {}, {}, {})
         # Lane (subagentRunId, None = parent) -> its pending chunk item.
         self.lanes: dict[str | None, tuple[ChunkKind, str]] = {}
-        self.order: list[str] = []  # message ids in history order
+        # Message id -> record, in history order (no list of ids beside it: one
+        # object less per run, and the run's end reads the records in one pass).
         self.messages: dict[str, MessageRecord] = {}
         self.tool_index: dict[str, str] = {}  # tool call id -> id of the message holding it
         self.next_slot = 0
@@ -124,8 +139,8 @@ class RunState:
             "open": {kind: list(ids) for kind, ids in zip(OPEN_KINDS, self.open, strict=True)},
             "owners": dict(zip(NAMESPACES, self.owners, strict=True)),
             "lanes": [[lane, kind.value, item] for lane, (kind, item) in self.lanes.items()],
-            "order": self.order,
-            "messages": [self.messages[mid].to_list() for mid in self.order],
+            "order": list(self.messages),
+            "messages": [record.to_list() for record in self.messages.values()],
             "tools": self.tool_index,
             "slot": self.next_slot,
             "warned": sorted(self.warned_fields),
@@ -137,8 +152,8 @@ class RunState:
         run.open = tuple(dict.fromkeys(data["open"][kind]) for kind in OPEN_KINDS)
         run.owners = tuple(data["owners"][ns] for ns in NAMESPACES)
         run.lanes = {lane: (ChunkKind(kind), item) for lane, kind, item in data["lanes"]}
-        run.order = data["order"]
-        run.messages = {m[0]: MessageRecord.from_list(m) for m in data["messages"]}
+        records = {m[0]: MessageRecord.from_list(m) for m in data["messages"]}
+        run.messages = {mid: records[mid] for mid in data["order"]}
         run.tool_index = data["tools"]
         run.next_slot = data["slot"]
         run.warned_fields = set(data["warned"])
