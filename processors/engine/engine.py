@@ -437,9 +437,12 @@ class KeyEngine:
             if run is not None:
                 # De-duplicated per run on (event type as received, pointer).
                 key = f"{event_type} {pointer}"
-                if key in run.warned_fields:
+                if run.warned_fields is None:
+                    run.warned_fields = {key}
+                elif key in run.warned_fields:
                     continue
-                run.warned_fields.add(key)
+                else:
+                    run.warned_fields.add(key)
             self._warn(WarningCode.UNKNOWN_FIELD,
                        f"{event_type}: unknown property {pointer} was stripped")
         for pointer in findings.unknown_members:

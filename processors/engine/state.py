@@ -129,8 +129,9 @@ class RunState:
         self.messages: dict[str, MessageRecord] = {}
         self.tool_index: dict[str, str] = {}  # tool call id -> id of the message holding it
         self.next_slot = 0
-        # (event type as received, JSON pointer) already warned as unknown_field.
-        self.warned_fields: set[str] = set()
+        # (event type as received, JSON pointer) already warned as unknown_field;
+        # None until the first (a set is 200 bytes to write per run, and few warn).
+        self.warned_fields: set[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -143,7 +144,7 @@ class RunState:
             "messages": [record.to_list() for record in self.messages.values()],
             "tools": self.tool_index,
             "slot": self.next_slot,
-            "warned": sorted(self.warned_fields),
+            "warned": sorted(self.warned_fields or ()),
         }
 
     @classmethod
@@ -156,7 +157,7 @@ class RunState:
         run.messages = {mid: records[mid] for mid in data["order"]}
         run.tool_index = data["tools"]
         run.next_slot = data["slot"]
-        run.warned_fields = set(data["warned"])
+        run.warned_fields = set(data["warned"]) or None
         return run
 
 
