@@ -1411,6 +1411,33 @@ def test_state_round_trip_mid_run() -> None:
         assert head.steps + tail.steps == whole.steps, cut
 
 
+# A run's state as the engine stored it before messages lost their id list and
+# empty `fields` their dict: the same bytes must load, continue and store again.
+_STORED_MID_RUN = (
+    b'{"phase":"active","run":{"thread":"t1","run":"r1","open":{"span":[],"reasoning":[],'
+    b'"text":[],"tool":[],"step":[],"subagent":[]},"owners":{"span":{},"reasoning":{"b":"S"},'
+    b'"text":{"a":null},"tool":{"c":null}},"lanes":[],"order":["a","res","b"],"messages":'
+    b'[["a","assistant",{},"",0,[["c","lookup","",1,null,null]],null,null],'
+    b'["res","tool",{"toolCallId":"c"},"ok",null,null,null,null],'
+    b'["b","reasoning",{"subagentRunId":"S"},"",2,null,null,null]],"tools":{"c":"a"},'
+    b'"slot":3,"warned":[]}}'
+)
+
+
+def test_stored_state_of_the_previous_layout_loads() -> None:
+    events = [run_started(), t_start("a"), t_content("a", "hi"),
+              tc_start("c", parentMessageId="a"), tc_args("c", "{}"), tc_end("c"), t_end("a"),
+              r_start("b", subagentRunId="S"), r_content("b", "x", subagentRunId="S"),
+              r_end("b"), tc_result("res", "c")]
+    tail = [tc_result("res2", "c"), run_finished()]
+    content = InMemoryContentStore()
+    for slot, text in enumerate(("hi", "{}", "x")):
+        content.fragments(slot).append(text)
+    restored = KeyEngine(KeyState.from_json(_STORED_MID_RUN), content)
+    assert restored.state.to_json() == _STORED_MID_RUN
+    assert play(*tail, engine=restored).steps == play(*events, *tail).steps[len(events):]
+
+
 def test_concluded_messages_are_independent_copies() -> None:
     replay = play_run(*text("m", "x", metadata={"a": 1}))
     concluded = replay.concluded[0]

@@ -382,9 +382,7 @@ def compile_clean_check(
     if compiled is None:
         return never_clean
     source, namespace = compiled
-    check: CleanCheck = eval(f"lambda event: {source}", namespace)
-    check.__name__ = check.__qualname__ = f"is_clean_{model.name}"
-    check.__doc__ = source  # what it tests, for a reader at the prompt
+    check: CleanCheck = _compile(f"is_clean_{model.name}", "event", source, "False", namespace)
     return check
 
 
@@ -404,12 +402,27 @@ def compile_pinned_check(
     only a string equals a string.
     """
     compiled = _clean_terms(model, only, picked_by, pinned, bound)
-    source, namespace = ("False", {}) if compiled is None else compiled
-    check: PinnedCheck = eval(f"lambda event, first, second: value if {source} else None",
-                              namespace)
-    check.__name__ = check.__qualname__ = f"pinned_{bound}_of_{model.name}"
+    if compiled is None:
+        return lambda event, first, second: None
+    source, namespace = compiled
+    check: PinnedCheck = _compile(f"pinned_{bound}_of_{model.name}", "event, first, second",
+                                  f"value if {source} else None", "None", namespace)
     check.__doc__ = source
     return check
+
+
+def _compile(name: str, parameters: str, result: str, missing: str,
+             namespace: dict[str, Any]) -> Any:
+    """The function `name` of `parameters` that returns the expression `result`,
+    or `missing` when `result` subscripts the event for a field it lacks."""
+    exec(f"def {name}({parameters}):\n"
+         f"    try:\n"
+         f"        return {result}\n"
+         f"    except KeyError:\n"
+         f"        return {missing}\n", namespace)
+    function = namespace.pop(name)
+    function.__doc__ = result  # what it tests, for a reader at the prompt
+    return function
 
 
 # Optional fields any event may carry and most lack: the count of an event's
@@ -426,7 +439,11 @@ def _clean_terms(
 
     Each required (or pinned, or bound) field has a term of its own, which
     fails when the field is missing; the bound field's value is kept as
-    `value`. The optional fields are counted instead: one lookup each, counting
+    `value`. A required or bound field is read by subscript, cheaper than
+    `get`: when it is missing, the compiled function takes the KeyError as a
+    failed check (a pinned one is only sometimes required, and an event of
+    another lane often lacks it: an exception would cost more than `get`).
+    The optional fields are counted instead: one lookup each, counting
     1 when the field is present with a clean value. The event has no other key
     and no unclean optional value exactly when its size is the number of
     required fields plus that count (an optional field only the walk can judge
@@ -450,7 +467,9 @@ def _clean_terms(
             always_present += 1
         if name == picked_by:
             continue
-        value = f"(value := event.get({key}))" if name == bound else f"event.get({key})"
+        value = f"event[{key}]" if required else f"event.get({key})"
+        if name == bound:
+            value = f"(value := {value})"
         if name in arguments:
             assert spec.clean is _is_string and name != bound, name
             terms.append(f"{value} == {arguments[name]}")

@@ -38,6 +38,7 @@ from processors.engine.decisions import (
 from processors.engine.jsonpatch import apply_patch
 from processors.engine.state import (
     NAMESPACES,
+    OPEN_KINDS,
     ChunkKind,
     KeyState,
     MessageRecord,
@@ -77,12 +78,13 @@ _PASSIVE_KEYS: Final = frozenset({"type", "timestamp", "rawEvent"})
 class _Namespace:
     """One set of ids open at the same time (rule book section 1)."""
 
-    __slots__ = ("already_open", "delta_keys", "id_key", "name", "not_open", "noun", "owned",
-                 "streams")
+    __slots__ = ("already_open", "delta_keys", "id_key", "index", "name", "not_open", "noun",
+                 "owned", "streams")
 
     def __init__(self, name: str, id_key: str, noun: str, already_open: FailureCode,
                  not_open: FailureCode, streams: bool) -> None:
-        self.name = name  # its key in RunState.open (and RunState.owners)
+        self.name = name
+        self.index = OPEN_KINDS.index(name)  # its position in RunState.open (and .owners)
         self.id_key = id_key  # the field that names an item
         self.noun = noun  # how reasons name an item
         self.already_open = already_open
@@ -346,10 +348,10 @@ class KeyEngine:
                 f"RUN_FINISHED names thread {event['threadId']!r} run {event['runId']!r};"
                 f" RUN_STARTED named thread {run.thread_id!r} run {run.run_id!r}",
             )
-        if any(run.open.values()):
+        if any(run.open):
             still_open = [
-                _describe(_NAMESPACES[name], item_id)
-                for name, ids in run.open.items()
+                _describe(_NAMESPACES[kind], item_id)
+                for kind, ids in zip(OPEN_KINDS, run.open, strict=True)
                 for item_id in ids
             ]
             raise RunFailure(FailureCode.OPEN_AT_FINISH,
@@ -360,16 +362,15 @@ class KeyEngine:
     def _run_error(self, run: RunState, event: dict[str, Any]) -> None:
         discarded_values = 0
         for ns in (_REASONING, _TEXT):
-            for message_id in run.open[ns.name]:
+            for message_id in run.open[ns.index]:
                 record = run.messages.pop(message_id, None)
                 if record is None:
                     continue
-                run.order.remove(message_id)
                 discarded_values += _values_on(record)
                 self._warn(WarningCode.INCOMPLETE_AT_ERROR,
                            f"{_describe(ns, message_id)} was open at RUN_ERROR;"
                            " it was discarded")
-        for call_id in run.open[_TOOL_CALLS.name]:
+        for call_id in run.open[_TOOL_CALLS.index]:
             host = run.messages.get(run.tool_index.get(call_id, ""))
             if host is None or host.tool_calls is None:
                 continue  # went with a discarded message
@@ -381,7 +382,6 @@ class KeyEngine:
                        " it was discarded")
             if not host.tool_calls and not (host.content_base or host.content_slot is not None):
                 run.messages.pop(host.id)
-                run.order.remove(host.id)
                 discarded_values += _values_on(host)
         self._out.extend(EncryptedLost(LossReason.INCOMPLETE_AT_ERROR)
                          for _ in range(discarded_values))
@@ -391,7 +391,7 @@ class KeyEngine:
 
     def _assemble(self, run: RunState) -> list[dict[str, Any]]:
         texts = self.content.texts()
-        return [history.to_message(run.messages[mid], texts) for mid in run.order]
+        return [history.to_message(record, texts) for record in run.messages.values()]
 
     def _conclude(
         self,
@@ -437,9 +437,12 @@ class KeyEngine:
             if run is not None:
                 # De-duplicated per run on (event type as received, pointer).
                 key = f"{event_type} {pointer}"
-                if key in run.warned_fields:
+                if run.warned_fields is None:
+                    run.warned_fields = {key}
+                elif key in run.warned_fields:
                     continue
-                run.warned_fields.add(key)
+                else:
+                    run.warned_fields.add(key)
             self._warn(WarningCode.UNKNOWN_FIELD,
                        f"{event_type}: unknown property {pointer} was stripped")
         for pointer in findings.unknown_members:
@@ -541,7 +544,7 @@ class KeyEngine:
         elif kind is ChunkKind.TEXT:
             record = run.messages.get(item_id)
             if record is not None:
-                for key, current in (("role", record.role), ("name", record.fields.get("name"))):
+                for key, current in (("role", record.role), ("name", record.field("name"))):
                     if key in event and event[key] != current:
                         raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                          f"text chunk for {item_id!r} repeats {key} with"
@@ -561,7 +564,7 @@ class KeyEngine:
     def _check_owner(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
         if tag is None:
             return  # an absent tag never disagrees
-        owner = run.owners[ns.name].get(item_id, _ABSENT)
+        owner = run.owners[ns.index].get(item_id, _ABSENT)
         if owner is not _ABSENT and owner != tag:
             opener = "the parent agent" if owner is None else f"subagent run {owner!r}"
             raise RunFailure(FailureCode.OWNER_MISMATCH,
@@ -569,11 +572,11 @@ class KeyEngine:
                              f" subagent run {tag!r} may not continue it")
 
     def _open(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
-        opened = run.open[ns.name]
+        opened = run.open[ns.index]
         if item_id in opened:
             raise RunFailure(ns.already_open, f"{_describe(ns, item_id)} is already open")
         if ns.owned:
-            owners = run.owners[ns.name]
+            owners = run.owners[ns.index]
             if item_id in owners:
                 self._check_owner(run, ns, item_id, tag)
             else:
@@ -581,7 +584,7 @@ class KeyEngine:
         opened[item_id] = None
 
     def _require_open(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None) -> None:
-        if item_id not in run.open[ns.name]:
+        if item_id not in run.open[ns.index]:
             raise RunFailure(ns.not_open, f"{_describe(ns, item_id)} is not open")
         if tag is not None and ns.owned:
             self._check_owner(run, ns, item_id, tag)
@@ -589,7 +592,7 @@ class KeyEngine:
     def _close(self, run: RunState, ns: _Namespace, item_id: str, tag: str | None,
                metadata: dict[str, Any] | None) -> None:
         self._require_open(run, ns, item_id, tag)
-        del run.open[ns.name][item_id]
+        del run.open[ns.index][item_id]
         if metadata is not None and ns.streams:
             if ns is _TOOL_CALLS:
                 call = self._tool_call(run, item_id)
@@ -644,12 +647,11 @@ class KeyEngine:
         if record is None:
             record = MessageRecord(message_id, role)
             if tag is not None:
-                record.fields["subagentRunId"] = tag
+                record.set_field("subagentRunId", tag)
             if "name" in event:
-                record.fields["name"] = event["name"]
+                record.set_field("name", event["name"])
             record.content_base = ""
             run.messages[message_id] = record
-            run.order.append(message_id)
         elif record.content_base is None and record.content_slot is None:
             record.content_base = ""  # a tool-call host now streams text too
         if "metadata" in event:
@@ -711,9 +713,8 @@ class KeyEngine:
                 return existing
         host = MessageRecord(host_id, "assistant")
         if tag is not None:
-            host.fields["subagentRunId"] = tag
+            host.set_field("subagentRunId", tag)
         run.messages[host_id] = host
-        run.order.append(host_id)
         return host
 
     def _append_args(
@@ -738,15 +739,15 @@ class KeyEngine:
         if type(content) is str:
             record.content_base = content
         else:
-            record.fields["content"] = content
+            record.set_field("content", content)
         if "subagentRunId" in event:
-            record.fields["subagentRunId"] = event["subagentRunId"]
-        previous = run.messages.get(message_id)
+            record.set_field("subagentRunId", event["subagentRunId"])
         if "metadata" in event:
             record.metadata = event["metadata"]
-        run.messages[message_id] = record
-        if previous is None:
-            run.order.insert(history.tool_result_position(run, event["toolCallId"]), message_id)
+        if message_id in run.messages:
+            run.messages[message_id] = record  # restated: it keeps its place
+        else:
+            history.add_tool_result(run, record, event["toolCallId"])
 
     # --- encrypted values -------------------------------------------------------------
 
@@ -788,20 +789,18 @@ class KeyEngine:
             {"activityType": event["activityType"], "content": event["content"]},
         )
         if "subagentRunId" in event:
-            record.fields["subagentRunId"] = event["subagentRunId"]
+            record.set_field("subagentRunId", event["subagentRunId"])
         if "metadata" in event:
             record.metadata = event["metadata"]
         run.messages[message_id] = record
-        if previous is None:
-            run.order.append(message_id)
 
     def _activity_delta(self, run: RunState, event: dict[str, Any]) -> None:
         record = run.messages.get(event["messageId"])
         if record is None or record.role != "activity":
             return
-        patched = apply_patch(record.fields["content"], event["patch"])
+        patched = apply_patch(record.field("content"), event["patch"])
         if type(patched) is dict:
-            record.fields["content"] = patched
+            record.set_field("content", patched)
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
 

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from processors.engine.state import MessageRecord, RunState, ToolCallRecord
+from processors.engine.state import OPEN_KINDS, MessageRecord, RunState, ToolCallRecord
+
+# Where RunState.open keeps the open messages and tool calls.
+_OPEN_REASONING, _OPEN_TEXT, _OPEN_TOOL = (OPEN_KINDS.index(kind)
+                                           for kind in ("reasoning", "text", "tool"))
 
 # Keys a history message takes from its record's own slots, not from `fields`.
 _RECORD_KEYS = frozenset({"id", "role", "content", "toolCalls", "encryptedValue", "metadata"})
@@ -19,13 +23,13 @@ def record_from_wire(message: dict[str, Any]) -> MessageRecord:
     record = MessageRecord(
         message["id"],
         message["role"],
-        {k: v for k, v in message.items() if k not in _RECORD_KEYS},
+        {k: v for k, v in message.items() if k not in _RECORD_KEYS} or None,
     )
     content = message.get("content")
     if type(content) is str:
         record.content_base = content
     elif content is not None:
-        record.fields["content"] = content  # content parts or activity content
+        record.set_field("content", content)  # content parts or activity content
     calls = message.get("toolCalls")
     if calls is not None:
         record.tool_calls = []
@@ -51,8 +55,8 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
     listed = {r.id for r in incoming}
     carries_reasoning = any(r.role == "reasoning" for r in incoming)
     carries_activity = any(r.role == "activity" for r in incoming)
-    open_messages = run.open["reasoning"].keys() | run.open["text"].keys()
-    open_calls = run.open["tool"]
+    open_messages = run.open[_OPEN_REASONING].keys() | run.open[_OPEN_TEXT].keys()
+    open_calls = run.open[_OPEN_TOOL]
     open_call_hosts = {run.tool_index[c] for c in open_calls if c in run.tool_index}
 
     def survives(record: MessageRecord) -> bool:
@@ -64,16 +68,12 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
             return not carries_activity
         return False
 
-    kept = [mid for mid in run.order if survives(run.messages[mid])]
-    by_id = {mid: run.messages[mid] for mid in kept}
+    by_id = {mid: record for mid, record in run.messages.items() if survives(record)}
     for record in incoming:
         previous = by_id.get(record.id)
-        if previous is None:
-            kept.append(record.id)
-        else:
+        if previous is not None:
             _keep_open_calls(previous, record, open_calls)
-        by_id[record.id] = record
-    run.order = kept
+        by_id[record.id] = record  # a restated message keeps its place, a new one goes last
     run.messages = by_id
     run.tool_index = {
         call.id: record.id
@@ -141,18 +141,25 @@ def _to_tool_call(call: ToolCallRecord, texts: dict[int, str]) -> dict[str, Any]
     return tool_call
 
 
-def tool_result_position(run: RunState, tool_call_id: str) -> int:
-    """Where a TOOL_CALL_RESULT's message goes: right after the assistant message
+def add_tool_result(run: RunState, record: MessageRecord, tool_call_id: str) -> None:
+    """Place a new TOOL_CALL_RESULT's message: right after the assistant message
     holding the call, after the results already placed there; at the end when
     the call is unknown."""
+    messages = run.messages
+    placed = list(messages)
+    position = len(placed)
     host = run.tool_index.get(tool_call_id)
-    if host is None or host not in run.messages:
-        return len(run.order)
-    host_calls = {c.id for c in run.messages[host].tool_calls or ()}
-    position = run.order.index(host) + 1
-    while position < len(run.order):
-        following = run.messages[run.order[position]]
-        if following.role != "tool" or following.fields.get("toolCallId") not in host_calls:
-            break
-        position += 1
-    return position
+    if host is not None and host in messages:
+        host_calls = {c.id for c in messages[host].tool_calls or ()}
+        position = placed.index(host) + 1
+        while position < len(placed):
+            following = messages[placed[position]]
+            if following.role != "tool" or following.field("toolCallId") not in host_calls:
+                break
+            position += 1
+    if position == len(placed):
+        messages[record.id] = record
+    else:  # a dict only appends: rebuild it with the record in its place
+        items = list(messages.items())
+        items.insert(position, (record.id, record))
+        run.messages = dict(items)
