@@ -720,6 +720,11 @@ async def _paced_runs(bootstrap: str, events: str, history: str,
     return [readable_at[thread] - finished_at[thread] for thread in finished_at]
 
 
+def quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted values (the value at rank q * n)."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def _without_collections(measuring: Coroutine[Any, Any, T]) -> T:
     """Run a measurement with this process's garbage collector off: a full
     collection here stopped the reader for 50-90 ms, not the worker's latency."""
@@ -767,10 +772,8 @@ def part_concurrent(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
     changelog = len(states) + len(texts)
 
     def quantiles(latencies: list[float]) -> str:
-        def quantile(q: float) -> float:
-            return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
-        return (f"{len(latencies)} runs: p50 {quantile(0.5):.2f} s, "
-                f"p99 {quantile(0.99):.2f} s, max {latencies[-1]:.2f} s")
+        return (f"{len(latencies)} runs: p50 {quantile(latencies, 0.5):.2f} s, "
+                f"p99 {quantile(latencies, 0.99):.2f} s, max {latencies[-1]:.2f} s")
 
     print(f"  second round: input {total:,} records; changelog {changelog:,} records: "
           f"{changelog / total:.4f} per input record (target <= 0.05); "
@@ -783,8 +786,7 @@ def part_concurrent(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
           f"{commit_phases(after_first)}")
     print(f"    second round (measured):     {quantiles(latencies)} (target p99 <= the "
           f"commit interval, 2.8 s, + 0.1 s); {commit_phases(scraped, after_first)}")
-    return {"changelog_per_input": changelog / total,
-            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
+    return {"changelog_per_input": changelog / total, "p99": quantile(latencies, 0.99)}
 
 
 # ---------------------------------------------------------------------------------------
