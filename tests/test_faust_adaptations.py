@@ -397,30 +397,29 @@ def test_a_timed_commit_tells_how_long_each_phase_took(
     monkeypatch.setattr("processors.faust_adaptations.monotonic", lambda: clock[0])
     observed: list[tuple[str, float]] = []
     steps: list[tuple[str, bool]] = []  # (step, a commit in flight)
-    apps: list[AdaptedApp] = []
-
-    class Batch:
-        async def send(self) -> None:
-            steps.append(("send", apps[0].commit_in_flight))
-            clock[0] += 0.25
-
-        async def apply(self) -> None:
-            steps.append(("apply", apps[0].commit_in_flight))
-            clock[0] += 8.0  # after the commit: not part of any phase
-
-    def take() -> Batch:
-        clock[0] += 0.125
-        return Batch()
-
-    async def commit_offsets(offsets: Any, start_new_transaction: bool) -> bool:
-        steps.append(("offsets", apps[0].commit_in_flight))
-        clock[0] += 0.5
-        return True
 
     async def scenario() -> None:
         consumer = await _consumer()
         app = consumer.app
-        apps.append(app)
+
+        class Batch:
+            async def send(self) -> None:
+                steps.append(("send", app.commit_in_flight))
+                clock[0] += 0.25
+
+            async def apply(self) -> None:
+                steps.append(("apply", app.commit_in_flight))
+                clock[0] += 8.0  # after the commit: not part of any phase
+
+        def take() -> Batch:
+            clock[0] += 0.125
+            return Batch()
+
+        async def commit_offsets(offsets: Any, start_new_transaction: bool) -> bool:
+            steps.append(("offsets", app.commit_in_flight))
+            clock[0] += 0.5
+            return True
+
         app.take_commit = take
         app.observe_commit = lambda phase, seconds: observed.append((phase, seconds))
         monkeypatch.setattr(consumer, "_filter_tps_with_pending_acks", lambda topics: [])

@@ -146,17 +146,18 @@ def add_tool_result(run: RunState, record: MessageRecord, tool_call_id: str) -> 
     holding the call, after the results already placed there; at the end when
     the call is unknown."""
     messages = run.messages
-    placed = list(messages)
-    position = len(placed)
     host = run.tool_index.get(tool_call_id)
-    if host is not None and host in messages:
-        host_calls = {c.id for c in messages[host].tool_calls or ()}
-        position = placed.index(host) + 1
-        while position < len(placed):
-            following = messages[placed[position]]
-            if following.role != "tool" or following.field("toolCallId") not in host_calls:
-                break
-            position += 1
+    if host is None or host not in messages:
+        messages[record.id] = record
+        return
+    host_calls = {c.id for c in messages[host].tool_calls or ()}
+    placed = list(messages)
+    position = placed.index(host) + 1
+    while position < len(placed):
+        following = messages[placed[position]]
+        if following.role != "tool" or following.field("toolCallId") not in host_calls:
+            break
+        position += 1
     if position == len(placed):
         messages[record.id] = record
     else:  # a dict only appends: rebuild it with the record in its place

@@ -153,8 +153,8 @@ class RunState:
         run.open = tuple(dict.fromkeys(data["open"][kind]) for kind in OPEN_KINDS)
         run.owners = tuple(data["owners"][ns] for ns in NAMESPACES)
         run.lanes = {lane: (ChunkKind(kind), item) for lane, kind, item in data["lanes"]}
-        records = {m[0]: MessageRecord.from_list(m) for m in data["messages"]}
-        run.messages = {mid: records[mid] for mid in data["order"]}
+        # Stored in history order (`order` lists the same ids, for older readers).
+        run.messages = {m[0]: MessageRecord.from_list(m) for m in data["messages"]}
         run.tool_index = data["tools"]
         run.next_slot = data["slot"]
         run.warned_fields = set(data["warned"]) or None
