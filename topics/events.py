@@ -407,7 +407,6 @@ def compile_pinned_check(
     source, namespace = compiled
     check: PinnedCheck = _compile(f"pinned_{bound}_of_{model.name}", "event, first, second",
                                   f"value if {source} else None", "None", namespace)
-    check.__doc__ = source
     return check
 
 
