@@ -17,7 +17,7 @@ It then measures, best of R, on those records and on the same events without
 
 and reports the ratio. Finally it writes M events as sent (one key, many runs)
 to a JSON-lines file and times the whole `agui-stream check FILE --json`
-command (as `python -m processors.cli`, so that it runs this checkout's code)
+command (as `python -m processors.tools.cli`, so that it runs this checkout's code)
 against a child process that only decodes the same lines, and prints
 the checker's peak RSS along the file (memory follows the open run, not the
 file).
@@ -275,7 +275,7 @@ def _rss_mb() -> float:
 
 def memory_child(path: str, total: int) -> None:
     """Run in a child: stream the file through check_records, report peak RSS."""
-    from processors.checker import CheckTotals, check_records, read_records
+    from processors.tools.checker import CheckTotals, check_records, read_records
 
     checkpoints = {total // 8, total // 4, total // 2, total}
     marks: list[tuple[int, float]] = [(0, _rss_mb())]
@@ -334,7 +334,7 @@ def file_check(events: int, seed: int, repeat: int) -> None:
               f" MB, {run:,} runs, one key), best of {repeat}")
         # `python -m` from this checkout: the installed `agui-stream` script may
         # import another checkout's code (an editable install).
-        cli = [sys.executable, "-m", "processors.cli"]
+        cli = [sys.executable, "-m", "processors.tools.cli"]
         command = min(_timed([*cli, "check", path, "--json"]) for _ in range(repeat))
         baseline = min(_timed([sys.executable, "-c", _BARE_DECODE, path])
                        for _ in range(repeat))

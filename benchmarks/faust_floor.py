@@ -26,8 +26,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from processors.config import Settings
-from processors.faust_adaptations import use_uvloop
-from processors.service import faust_app
+from processors.runtime.app import faust_app
+from processors.runtime.faust_adaptations import use_uvloop
 
 
 def main() -> None:

@@ -27,11 +27,11 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTS = {
-    "kill-memory": "tests/test_service_recovery.py::"
+    "kill-memory": "tests/runtime/test_service_recovery.py::"
                    "test_kill_9_and_restart_publishes_every_run_exactly_once[memory://]",
-    "kill-rocksdb": "tests/test_service_recovery.py::"
+    "kill-rocksdb": "tests/runtime/test_service_recovery.py::"
                     "test_kill_9_and_restart_publishes_every_run_exactly_once[rocksdb://]",
-    "join-leave": "tests/test_service_recovery.py::"
+    "join-leave": "tests/runtime/test_service_recovery.py::"
                   "test_second_worker_joining_and_leaving_changes_nothing",
 }
 

@@ -73,7 +73,7 @@ from service_bench import (  # benchmarks/: this script's directory; puts the re
     read_topic,
 )
 
-from processors.thread_view import history_partition
+from processors.view.thread_view import history_partition
 from tests.run_generator import generate_run, interleaved_runs
 from tests.service_harness import (
     VIEW_TOKEN,

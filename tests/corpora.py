@@ -10,8 +10,8 @@ Two corpora share one format (tests/conformance/README.md):
   `AGUI_EXTERNAL_CORPUS` environment variable points at another location
   (for instance a directory that does not exist, to check the skip).
 
-`tests/test_conformance.py` (the offline checker) and
-`tests/test_service_conformance.py` (a worker on a real broker) both load
+`tests/engine/test_conformance.py` (the offline checker) and
+`tests/runtime/test_service_conformance.py` (a worker on a real broker) both load
 their cases from here.
 """
 

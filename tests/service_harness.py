@@ -29,8 +29,8 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from processors.service import EXIT_UNSENT
-from processors.tenant_tokens import token_line
+from processors.runtime.app import EXIT_UNSENT
+from processors.view.tenant_tokens import token_line
 
 AGUI_STREAM = str(Path(sys.executable).with_name("agui-stream"))
 

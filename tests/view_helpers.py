@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from processors.outputs import Incoming
-from processors.thread_view import ThreadView
+from processors.processing.outputs import Incoming
+from processors.view.thread_view import ThreadView
 from topics.records import HistoryMessage, HistoryRun
 
 HISTORY = "agui.history"

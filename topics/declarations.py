@@ -25,10 +25,10 @@ class TopicSpec:
     configs: dict[str, str] = field(default_factory=dict)
 
 
-# The service's Faust tables (processors.service), each with a changelog topic.
+# The service's Faust tables (processors.runtime.app), each with a changelog topic.
 STATE_TABLE = "run-state"  # per key: engine state, partition, replay guard, chunk count
 TEXT_TABLE = "run-text"  # per key: the active run's streamed text, one chunk per commit
-# The thread view's table (processors.thread_view), co-partitioned with the history
+# The thread view's table (processors.view.thread_view), co-partitioned with the history
 # topic: per thread a header, its messages and run summaries; per partition the
 # offset read up to.
 VIEW_TABLE = "thread-view"

@@ -40,7 +40,7 @@ class HistoryMessage(_HistoryRecord):
                message: dict[str, Any]) -> bytes:
         """The bytes of `HistoryMessage(...).to_bytes()`, for the engine's own messages,
         without the model's validating copy of the whole message (one per published
-        message, on the worker's hot path). tests/test_records.py proves they agree."""
+        message, on the worker's hot path). tests/processing/test_records.py proves they agree."""
         record: dict[str, Any] = {"schema": HISTORY_SCHEMA, "tenant": tenant}
         if thread_id is not None:
             record["threadId"] = thread_id

@@ -186,7 +186,7 @@ class KeyEngine:
         # meets the same run state: its handler would pass the same checks and
         # append to the same fragments, so the memo only skips the lookups
         # (which, with thousands of keys interleaved, are mostly cache misses).
-        # tests/test_decorated_events.py checks that it decides as the handlers.
+        # tests/engine/test_decorated_events.py checks that it decides as the handlers.
         self._memo: _Repeat | None = None  # the delta's type and check; None: no memo
         self._memo_id: str | None  # its id, None for an id-less chunk
         self._memo_tag: str | None  # its subagentRunId

@@ -1,0 +1,163 @@
+"""`agui-stream worker` and `agui-stream create-topics`."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from processors.config import ConfigError, Settings
+from processors.runtime.kafka_client import aiokafka_options
+from topics.declarations import TopicSpec, ensure_topics, service_topics
+
+log = logging.getLogger("agui_stream")
+EXIT_NOT_STOPPED = 75  # EX_TEMPFAIL: stopping took longer than AGUI_SHUTDOWN_TIMEOUT_SECONDS
+
+
+def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
+    return service_topics(
+        app_id=settings.app_id,
+        input_topics=settings.input_topics if include_inputs else (),
+        history_topic=settings.history_topic,
+        deadletter_topic=settings.deadletter_topic,
+        partitions=settings.partitions,
+        replication_factor=settings.replication_factor,
+        max_record_bytes=settings.max_record_bytes,
+    )
+
+
+async def create_topics(settings: Settings, *, include_inputs: bool) -> list[str]:
+    admin = AIOKafkaAdminClient(**aiokafka_options(settings))
+    await admin.start()
+    try:
+        return await ensure_topics(admin, topic_specs(settings, include_inputs=include_inputs))
+    finally:
+        await admin.close()
+
+
+def load_settings() -> Settings | None:
+    try:
+        return Settings.from_env()
+    except ConfigError as error:
+        sys.stderr.write(f"agui-stream: configuration error: {error}\n")
+        return None
+
+
+def run_create_topics() -> int:
+    settings = load_settings()
+    if settings is None:
+        return 2
+    created = asyncio.run(create_topics(settings, include_inputs=True))
+    print(f"created: {', '.join(created) if created else 'nothing (all topics exist)'}")
+    return 0
+
+
+def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
+    """Faust's worker with signal handlers that cannot leak reasoning or hang.
+
+    mode's worker answers SIGUSR1 by writing every thread's stack with each
+    frame's local variables (record values, reasoning text) and SIGUSR2 by
+    starting pdb on a terminal-less process. Here SIGUSR1 logs where each task
+    waits (code locations only) and SIGUSR2 is ignored. A stop that has not
+    finished `shutdown_timeout` seconds after SIGTERM or SIGINT (a broker gone:
+    the consumer thread waits on it for ever) ends the process without a
+    commit, which is what a kill does and is safe.
+    """
+    from processors.runtime.app import log_partition_state, log_task_stacks
+
+    class SignalSafeWorker(base):  # type: ignore[misc]
+        def _on_sigterm(self) -> None:
+            _exit_unless_stopped_within(shutdown_timeout)
+            super()._on_sigterm()
+
+        def _on_sigint(self) -> None:
+            _exit_unless_stopped_within(shutdown_timeout)
+            super()._on_sigint()
+
+        def _on_sigusr1(self) -> None:
+            log_task_stacks(self.app)
+            log_partition_state(self.app)
+
+        def _on_sigusr2(self) -> None:
+            log.warning("SIGUSR2 ignored: it would start a debugger")
+
+    return SignalSafeWorker
+
+
+def _exit_unless_stopped_within(seconds: float) -> None:
+    """Arm a watchdog thread (it runs even when the event loop is stuck)."""
+
+    def exit_now() -> None:
+        log.error("the worker did not stop within %.0f s of the signal; exiting without"
+                  " a commit (what was not committed is processed again)", seconds)
+        logging.shutdown()
+        os._exit(EXIT_NOT_STOPPED)
+
+    watchdog = threading.Timer(seconds, exit_now)
+    watchdog.daemon = True
+    watchdog.start()
+
+
+def run_worker() -> int:
+    """Run one worker until SIGINT/SIGTERM."""
+    settings = load_settings()
+    if settings is None:
+        return 2
+    import faust  # Faust is imported only by the commands that run it.
+
+    from processors.metrics import Metrics
+    from processors.runtime.app import create_app
+    from processors.runtime.faust_adaptations import UncheckedVersion, check_versions, use_uvloop
+    from processors.view.tenant_tokens import TenantTokens
+
+    try:
+        check_versions()
+        tokens = (None if settings.tokens_file is None
+                  else TenantTokens.load(settings.tokens_file))
+    except UncheckedVersion as error:
+        sys.stderr.write(f"agui-stream: {error}\n")
+        return 2
+    except ConfigError as error:
+        sys.stderr.write(f"agui-stream: configuration error: {error}\n")
+        return 2
+
+    use_uvloop()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Client libraries at the worker's level, never below INFO: their debug
+    # records cost several log records per event.
+    for noisy in ("aiokafka", "faust", "mode"):
+        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
+    asyncio.run(create_topics(settings, include_inputs=False))
+    app = create_app(settings, Metrics(), tokens)
+    running = Path(settings.data_dir) / f".{settings.app_id}-running"
+    if settings.store == "rocksdb://" and running.exists():
+        # Killed last time: RocksDB may hold writes of transactions that were
+        # aborted. Start from the changelogs (committed state only) instead.
+        log.warning("the last worker did not stop cleanly; rebuilding local state %s"
+                    " from the changelog topics", app.conf.tabledir)
+        shutil.rmtree(app.conf.tabledir, ignore_errors=True)
+    running.parent.mkdir(parents=True, exist_ok=True)
+    running.touch()
+    worker = _worker_class(faust.Worker, settings.shutdown_timeout_seconds)(
+        app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+    # Python's full collections walked every object imported and built so far (Faust,
+    # aiokafka, pydantic: all alive for good) and stopped the event loop for 70-100 ms,
+    # twice in 20 s of part 4 of service_bench.py, in the middle of commits; frozen,
+    # they are not walked again (a full collection then took 7 ms).
+    gc.freeze()
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            running.unlink(missing_ok=True)
+        raise
+    return 0  # pragma: no cover - execute_from_commandline always exits

@@ -1,0 +1,131 @@
+"""The thread API client against a local HTTP server serving a `ThreadApi`."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from ag_ui.core import AssistantMessage, ReasoningMessage, UserMessage
+
+from processors.view.client import (
+    ThreadApiError,
+    ThreadApiUnreachable,
+    ThreadNotFound,
+    Unauthorized,
+    fetch_thread_messages,
+)
+from processors.view.tenant_tokens import TenantTokens, token_line
+from processors.view.thread_api import ThreadApi
+from processors.view.thread_view import ThreadView
+from tests.view_helpers import History, assistant, feed, user
+
+TOKEN = "acme-token"
+THREAD = "thread 1/ä?"  # quoted into one path segment
+REASONING = {"id": "m2", "role": "reasoning", "content": "step",
+             "encryptedValue": "gAAAA\u00e9==/+"}
+
+
+def serve(api: ThreadApi) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            segments = url.path.split("/")  # '', v1, threads, <id>, messages
+            if len(segments) == 5 and segments[1:3] == ["v1", "threads"] \
+                    and segments[4] == "messages":
+                response = asyncio.run(api.messages(
+                    self.headers.get("Authorization"), urllib.parse.unquote(segments[3]),
+                    dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))))
+                self.send_response(response.status)
+                body = response.json()
+            else:
+                self.send_response(500)
+                body = b"not json"
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def base_url() -> Iterator[str]:
+    view = ThreadView({}, partitions=1, retention_seconds=86_400.0)
+    feed(view, History().run(THREAD, "r1", [user("m1"), REASONING, assistant("m3")]))
+    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), serve(api))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_messages_come_back_as_ag_ui_models(base_url: str) -> None:
+    messages = fetch_thread_messages(base_url, TOKEN, THREAD)
+    assert [type(m) for m in messages] == [UserMessage, ReasoningMessage, AssistantMessage]
+    assert messages[1].encrypted_value == REASONING["encryptedValue"]
+
+
+def test_after_run_and_min_offset_are_passed_on(base_url: str) -> None:
+    messages = fetch_thread_messages(base_url + "/", TOKEN, THREAD, "m1", min_offset=3)
+    assert [m.id for m in messages] == ["m2", "m3"]
+    assert len(fetch_thread_messages(base_url, TOKEN, THREAD, run="r1")) == 3
+    with pytest.raises(ThreadApiError) as raised:  # a run the view never gets: 503
+        fetch_thread_messages(base_url, TOKEN, THREAD, run="r-unknown")
+    assert raised.value.status == 503
+
+
+def test_an_unknown_token_is_unauthorized_and_the_error_does_not_name_it(
+        base_url: str) -> None:
+    with pytest.raises(Unauthorized) as raised:
+        fetch_thread_messages(base_url, "not-a-token", THREAD)
+    assert raised.value.status == 401 and "not-a-token" not in str(raised.value)
+
+
+def test_an_unknown_thread_is_not_found(base_url: str) -> None:
+    with pytest.raises(ThreadNotFound, match="404: no such thread"):
+        fetch_thread_messages(base_url, TOKEN, "other")
+
+
+def test_another_refusal_carries_its_status_and_reason(base_url: str) -> None:
+    with pytest.raises(ThreadApiError, match="400: after:") as raised:
+        fetch_thread_messages(base_url, TOKEN, THREAD, "nope")
+    assert raised.value.status == 400
+
+
+def test_a_server_answering_something_else_is_an_error(base_url: str) -> None:
+    with pytest.raises(ThreadApiError, match="500: \\(no reason given\\)"):
+        fetch_thread_messages(base_url + "/elsewhere", TOKEN, THREAD)
+
+
+def test_a_closed_port_is_unreachable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(ThreadApiUnreachable):
+        fetch_thread_messages(f"http://127.0.0.1:{port}", TOKEN, THREAD, timeout=2.0)
+
+
+def test_a_server_that_never_answers_times_out() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # connections queue up, nothing is ever read or written
+        with pytest.raises(ThreadApiUnreachable, match="TimeoutError"):
+            fetch_thread_messages(f"http://127.0.0.1:{silent.getsockname()[1]}", TOKEN,
+                                  THREAD, timeout=0.2)
+
+
+def test_only_http_urls_are_fetched() -> None:
+    with pytest.raises(ValueError, match="http"):
+        fetch_thread_messages("file:///etc/passwd", TOKEN, THREAD)
