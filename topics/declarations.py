@@ -1,4 +1,5 @@
-"""The topics the service reads and writes, and how they are created.
+"""The topics the service reads and writes, and the settings they are created with
+(`processors.runtime.topic_admin` creates them).
 
 Raw topics belong to the producers; the service creates them only when asked
 (`agui-stream create-topics`, the demo, tests). Output topics are plain
@@ -11,8 +12,6 @@ and every write to that table then failed until the next rebalance).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 DAY_MS = 86_400_000
 
@@ -71,15 +70,3 @@ def service_topics(
                     {"cleanup.policy": "compact", **sized})
           for table in TABLE_NAMES),
     ]
-
-
-async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
-    existing = set(await admin.list_topics())
-    missing = [spec for spec in specs if spec.name not in existing]
-    if missing:
-        await admin.create_topics(
-            [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
-             for s in missing]
-        )
-    return [spec.name for spec in missing]

@@ -26,53 +26,29 @@ from pathlib import Path
 
 import orjson
 from ag_ui.core import RunAgentInput, UserMessage
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from processors.config import Settings
-from processors.runtime.kafka_client import aiokafka_options
-from processors.runtime.worker import create_topics, load_settings
+from processors.runtime.topic_admin import create_topics
+from processors.runtime.topic_io import produce, read_committed
+from processors.runtime.worker import load_settings
 from processors.tools.samples import Sample, next_turn, sample_runs
 from processors.view.client import ThreadApiError, fetch_thread_messages
 from processors.view.tenant_tokens import token_line
 
 
 async def replay(settings: Settings, samples: list[Sample]) -> int:
-    producer = AIOKafkaProducer(**aiokafka_options(settings), linger_ms=5,
-                                enable_idempotence=True)
-    await producer.start()
-    try:
-        topic = settings.input_topics[0]
-        for sample in samples:
-            headers = [(settings.tenant_header, sample.tenant.encode())]
-            for value in sample.values:
-                await producer.send(topic, value=value, key=sample.key.encode(),
-                                    headers=headers)
-        await producer.flush()
-    finally:
-        await producer.stop()
+    """Produce the samples' events to the first input topic, keyed by run, with the
+    tenant header; the number of events."""
+    await produce(settings, settings.input_topics[0], (
+        (sample.key.encode(), value, [(settings.tenant_header, sample.tenant.encode())])
+        for sample in samples for value in sample.values))
     return sum(len(s.values) for s in samples)
 
 
 async def read_all(settings: Settings, topic: str) -> list[tuple[dict[str, object], int]]:
     """Every committed record of `topic` (value, and its partition)."""
-    consumer = AIOKafkaConsumer(**aiokafka_options(settings), isolation_level="read_committed",
-                                enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        found: list[tuple[dict[str, object], int]] = []
-        deadline = time.monotonic() + 30
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp] and time.monotonic() < deadline:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                for message in batch.get(tp, []):
-                    found.append((orjson.loads(message.value or b"{}"), tp.partition))
-        return found
-    finally:
-        await consumer.stop()
+    return [(orjson.loads(value or b"{}"), partition)
+            for value, partition in await read_committed(settings, topic)]
 
 
 def scrape(port: int) -> str:

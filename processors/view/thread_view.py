@@ -42,7 +42,6 @@ from typing import Any, Final, Protocol
 
 import orjson
 from ag_ui.core import Message
-from aiokafka.partitioner import murmur2
 from pydantic import TypeAdapter, ValidationError
 
 from processors.processing.exact_bytes import exact_bytes
@@ -50,6 +49,7 @@ from processors.processing.outputs import Incoming
 from processors.processing.record_processor import StateChange
 from processors.safe_logging import log_exception_kind
 from topics.declarations import VIEW_TABLE
+from topics.partitioning import default_partition
 from topics.records import HistoryMessage, HistoryRun
 
 log = logging.getLogger("agui_stream")
@@ -137,7 +137,7 @@ def read_offset_key(partition: int) -> bytes:
 def history_partition(tenant: str, thread_id: str, partitions: int) -> int:
     """The history partition of a thread's records: the producer's default
     partitioner (murmur2) on the key `<tenant>/<threadId>`."""
-    return int(murmur2(_utf8(f"{tenant}/{thread_id}")) & 0x7FFFFFFF) % partitions
+    return default_partition(_utf8(f"{tenant}/{thread_id}"), partitions)
 
 
 def _utf8(text: str) -> bytes:

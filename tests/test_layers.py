@@ -1,0 +1,115 @@
+"""The import rule of the layers (processors/__init__.py), checked on the source.
+
+Every `import` and `from … import` in processors/ and topics/ is read with `ast`,
+those inside functions too, and compared with the layers' order: a module imports
+only its own layer and the layers below it; the engine only itself, `topics` and
+pure data libraries; and only the runtime imports the Kafka client libraries.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Lowest first: a module may import project modules of its own rank or below.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("topics",),
+    ("processors.engine",),
+    ("processors.config", "processors.metrics", "processors.safe_logging"),
+    ("processors.processing",),
+    ("processors.view",),
+    ("processors.runtime",),
+    ("processors.tools",),
+)
+# Only the runtime may import these: Faust, its service library, the Kafka client,
+# and what Faust's app is built on.
+RUNTIME_ONLY = frozenset({"faust", "aiokafka", "mode", "rocksdict", "uvloop"})
+# Besides the standard library, what the sans-IO engine may import.
+ENGINE_LIBRARIES = frozenset({"orjson", "pydantic"})
+
+
+def _rank(module: str) -> int | None:
+    for rank, packages in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in packages):
+            return rank
+    return None
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in the file."""
+    found: list[tuple[int, str]] = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # `from processors.engine import history` imports processors.engine.history
+            found += [(node.lineno, f"{base}.{alias.name}" if _rank(f"{base}.{alias.name}")
+                       is not None else base) for alias in node.names]
+    return found
+
+
+def layer_violations(root: Path) -> list[str]:
+    """Every import under `root`'s processors/ and topics/ that breaks the rule."""
+    violations = []
+    for path in sorted([*root.glob("processors/**/*.py"), *root.glob("topics/**/*.py")]):
+        module = _module_name(root, path)
+        # The root package only describes the layers: it may import no layer above topics.
+        rank = 0 if module == "processors" else _rank(module)
+        where = path.relative_to(root)
+        if rank is None:
+            violations.append(f"{where}: in no layer (add it to LAYERS)")
+            continue
+        in_runtime = module.startswith("processors.runtime")
+        for line, imported in _imports(path, module):
+            top = imported.split(".")[0]
+            imported_rank = _rank(imported)
+            if top in RUNTIME_ONLY and not in_runtime:
+                violations.append(f"{where}:{line}: imports {imported}; only"
+                                  " processors.runtime may import Faust or the Kafka client")
+            elif imported_rank is not None and imported_rank > rank:
+                violations.append(f"{where}:{line}: imports {imported}, a higher layer")
+            elif (module.startswith("processors.engine") and imported_rank is None
+                  and top not in sys.stdlib_module_names and top not in ENGINE_LIBRARIES):
+                violations.append(f"{where}:{line}: the engine imports {imported}")
+            elif top == "processors" and imported_rank is None:
+                violations.append(f"{where}:{line}: imports {imported}, in no layer")
+    return violations
+
+
+def test_the_tree_keeps_the_import_rule() -> None:
+    assert layer_violations(REPO_ROOT) == []
+
+
+def test_a_planted_violation_of_each_kind_is_found(tmp_path: Path) -> None:
+    for package in ("processors", "topics"):
+        shutil.copytree(REPO_ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    planted = {
+        "processors/view/thread_api.py": "import faust\n",
+        "processors/processing/outputs.py": "def f() -> None:\n    from aiokafka import X\n",
+        "processors/engine/state.py": "from processors.metrics import Metrics\n",
+        "processors/engine/codes.py": "import prometheus_client\n",
+        "processors/processing/stored_keys.py": "from processors.view import thread_view\n",
+        "topics/records.py": "from processors.engine.codes import Outcome\n",
+    }
+    for name, line in planted.items():
+        with (tmp_path / name).open("a") as source:
+            source.write(line)
+    found = layer_violations(tmp_path)
+    assert len(found) == len(planted), found
+    for name in planted:
+        assert any(message.startswith(name + ":") for message in found), (name, found)
