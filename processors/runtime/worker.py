@@ -12,35 +12,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from processors.config import ConfigError, Settings
-from processors.runtime.kafka_client import aiokafka_options
-from topics.declarations import TopicSpec, ensure_topics, service_topics
+from processors.runtime.topic_admin import create_topics
 
 log = logging.getLogger("agui_stream")
 EXIT_NOT_STOPPED = 75  # EX_TEMPFAIL: stopping took longer than AGUI_SHUTDOWN_TIMEOUT_SECONDS
-
-
-def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
-    return service_topics(
-        app_id=settings.app_id,
-        input_topics=settings.input_topics if include_inputs else (),
-        history_topic=settings.history_topic,
-        deadletter_topic=settings.deadletter_topic,
-        partitions=settings.partitions,
-        replication_factor=settings.replication_factor,
-        max_record_bytes=settings.max_record_bytes,
-    )
-
-
-async def create_topics(settings: Settings, *, include_inputs: bool) -> list[str]:
-    admin = AIOKafkaAdminClient(**aiokafka_options(settings))
-    await admin.start()
-    try:
-        return await ensure_topics(admin, topic_specs(settings, include_inputs=include_inputs))
-    finally:
-        await admin.close()
 
 
 def load_settings() -> Settings | None:
@@ -71,7 +47,7 @@ def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
     the consumer thread waits on it for ever) ends the process without a
     commit, which is what a kill does and is safe.
     """
-    from processors.runtime.app import log_partition_state, log_task_stacks
+    from processors.runtime.diagnostics import log_partition_state, log_task_stacks
 
     class SignalSafeWorker(base):  # type: ignore[misc]
         def _on_sigterm(self) -> None:

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from faust.types import TP
 
-from processors.runtime.app import await_path, log_partition_state, log_task_stacks
+from processors.runtime.diagnostics import await_path, log_partition_state, log_task_stacks
 from processors.runtime.faust_adaptations import _Resumed
 
 

@@ -1,0 +1,146 @@
+"""One commit of the worker: what the records since the last commit produced and
+changed, sent per source partition in that partition's transaction, then applied
+to the local stores once committed.
+
+The worker writes its tables only through their changelogs (write-behind): a
+commit sends each partition's outputs and state changes, Faust commits the
+offsets in the same transactions, and only then are the changes applied to the
+local stores, the way recovery applies a changelog. If anything cannot be sent,
+the worker exits without a commit (`stop_without_commit`), which is what a kill
+-9 does and is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, NamedTuple, NoReturn
+
+from processors.processing.outputs import Outgoing
+from processors.processing.record_processor import RecordProcessor, StateChange
+from processors.runtime.faust_adaptations import (
+    AdaptedApp,
+    CommitProducer,
+    OutRecord,
+    Placed,
+    QuickStopTable,
+)
+from processors.safe_logging import log_exception_kind
+from processors.view.thread_view import ThreadView
+from topics.declarations import VIEW_TABLE
+
+log = logging.getLogger("agui_stream")
+
+EXIT_UNSENT = 70  # EX_SOFTWARE: outputs could not be sent (see stop_without_commit)
+
+
+class WriteBehindTable(QuickStopTable):
+    """A table the worker writes only through its changelog: what it sent, once
+    delivered and committed, is applied to the local store the way Faust applies a
+    changelog in recovery, `apply_changelog_batch` of `_SentEntry`s (never through
+    `table[key] = value`, which would send a changelog record per write)."""
+
+
+class _SentEntry:
+    """A sent changelog record in the shape Faust's stores read in recovery
+    (`event.key`, `event.value`, `event.message.{key,value,partition,offset,tp}`)."""
+
+    __slots__ = ("key", "message", "offset", "partition", "tp", "value")
+
+    def __init__(self, change: StateChange, batch: Any, place: int) -> None:
+        """`batch`: the delivery metadata of the batch the change was sent in; `place`:
+        the change's place in it."""
+        self.key = change.key
+        self.value = change.value
+        self.partition = batch.partition
+        self.offset = batch.offset + place
+        self.tp = batch.topic_partition
+        self.message = self
+
+
+class PartitionBatch(NamedTuple):
+    partition: int
+    transaction: str | None  # None: no transactions (at_least_once)
+    outgoing: list[Outgoing]
+    changes: list[StateChange]
+
+
+class WorkerCommitBatch:
+    """One commit's outputs and state changes (a `CommitBatch`). Sent and applied
+    while the agent goes on with later records: those only buffer, and no record
+    reads a key's stored state while the key has changes in flight (it stays cached
+    until `apply`, see RecordProcessor.drop_deleted_keys)."""
+
+    def __init__(self, parts: list[PartitionBatch], producer: CommitProducer,
+                 tables: dict[str, WriteBehindTable], app: AdaptedApp,
+                 processor: RecordProcessor, view: ThreadView) -> None:
+        self.parts = parts
+        self.producer = producer
+        self.tables = tables
+        self.app = app
+        self.processor = processor
+        self.view = view
+        self._sent: list[tuple[StateChange, Placed]] = []
+        self._delivered: dict[asyncio.Future[Any], Any] = {}  # a batch's delivery -> metadata
+
+    async def send(self) -> None:
+        """Each partition's records in its own transaction (Faust's
+        TransactionManager would pick it by the *output* record's partition; history
+        is keyed by thread, so it would commit apart from the input offsets), waited
+        for until the broker has them: offsets added to a transaction while its
+        records are still being produced made the broker refuse them for a moment
+        (NOT_ENOUGH_REPLICAS while it verifies the transaction), and the producer
+        retried only after its backoff. If anything cannot be sent, exit without a
+        commit (see stop_without_commit)."""
+        changelogs = {name: table.changelog_topic.get_topic_name()
+                      for name, table in self.tables.items()}
+
+        async def send_part(part: PartitionBatch) -> list[Placed]:
+            records = [OutRecord(item.topic, None, item.key, item.value, item.headers)
+                       for item in part.outgoing]
+            records += [OutRecord(changelogs[change.table], part.partition, change.key,
+                                  change.value, None) for change in part.changes]
+            return await self.producer.send_batched(records, part.transaction)
+
+        try:
+            # All partitions at once: one after another, each transaction's first
+            # round trip waited for the sends of the partitions before it.
+            placements = await asyncio.gather(*map(send_part, self.parts))
+            for part, placed in zip(self.parts, placements, strict=True):
+                self._delivered.update(dict.fromkeys(delivery for delivery, _place in placed))
+                self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
+            for delivery in self._delivered:
+                self._delivered[delivery] = await delivery
+        except Exception as error:
+            stop_without_commit("the records produced since the last commit", error)
+
+    async def apply(self) -> None:
+        """Apply the committed state changes to the local stores, as recovery would."""
+        assigned = {tp.partition for tp in self.app.consumer.assignment()}
+        # Faust's stores read only what _SentEntry has of an event.
+        entries: dict[str, list[Any]] = {name: [] for name in self.tables}
+        for change, (delivery, place) in self._sent:
+            batch = self._delivered[delivery]
+            if batch.partition in assigned:
+                entries[change.table].append(_SentEntry(change, batch, place))
+        for name, table in self.tables.items():
+            table.apply_changelog_batch(entries[name])
+        self.processor.drop_deleted_keys()
+        self.view.changes_applied(entries[VIEW_TABLE])
+
+
+def stop_without_commit(what: str, error: BaseException) -> NoReturn:
+    """Exit at once: `what` could not be sent, so the records behind it must not commit.
+
+    Faust would go on without them (and, on a graceful stop, commit past
+    them). Exiting without a commit is what a kill -9 does, which the recovery
+    test proves safe: the open transactions abort and the restarted worker
+    processes the records again from the last commit. Only a producer that
+    cannot send leads here, never a record's content.
+    """
+    # The exception's type and frames only: its message could quote content.
+    log_exception_kind(log, logging.CRITICAL, f"could not send {what}; exiting without a"
+                       " commit so that they are processed again after a restart", error)
+    logging.shutdown()
+    os._exit(EXIT_UNSENT)

@@ -1,0 +1,236 @@
+"""The jobs of one worker, as one object: the agent that applies each record, the
+commit's take, the timers (idle ticks, lag, progress), the rebalance callbacks and
+the health and metrics pages.
+
+`WorkerJobs` is built with what the jobs share (the app, the record processor, the
+thread view, the tables, the metrics) and registered on the Faust app by
+`processors.runtime.app.create_app`; Faust's decorators call its methods. A method
+that needs no broker (apply, take_commit, the rebalance callbacks, the pages) can
+be called on its own in a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from processors.config import Settings
+from processors.metrics import Metrics
+from processors.processing.outputs import Outgoing, incoming_record
+from processors.processing.record_processor import RecordProcessor
+from processors.runtime.commit import PartitionBatch, WorkerCommitBatch, WriteBehindTable
+from processors.runtime.faust_adaptations import (
+    AdaptedApp,
+    CommitProducer,
+    apply_each,
+    transactional_id,
+)
+from processors.runtime.health import Liveness
+from processors.runtime.view_service import measure_view
+from processors.safe_logging import log_exception_kind
+from processors.view.thread_view import ThreadView
+from topics.declarations import idle_ticks_topic
+
+log = logging.getLogger("agui_stream")
+
+# aiohttp takes the charset separately; Prometheus' text format is UTF-8 anyway.
+_METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
+
+
+class WorkerJobs:
+    """What one worker does, job by job; the state the jobs share is its attributes."""
+
+    def __init__(self, app: AdaptedApp, settings: Settings, metrics: Metrics,
+                 processor: RecordProcessor, view: ThreadView, producer: CommitProducer,
+                 tables: dict[str, WriteBehindTable], liveness: Liveness) -> None:
+        self.app = app
+        self.settings = settings
+        self.metrics = metrics
+        self.processor = processor
+        self.view = view
+        self.producer = producer
+        self.tables = tables
+        self.liveness = liveness
+        self.ticks = idle_ticks_topic(settings.app_id)
+        # Written and read by workers: never an input.
+        self.own_topics = frozenset((self.ticks, settings.history_topic))
+        # Any topic of the agent's group gives a partition's transactional id.
+        self.group_topic = settings.input_topics[0] if settings.input_topics else self.ticks
+        # What each partition's records produced since the last commit.
+        self.unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
+        self.agent_streams: list[Any] = []  # (liveness: records queued for the agent)
+        self.assigned_once = False
+
+    # --- the agent ------------------------------------------------------------------
+
+    def apply(self, event: Any) -> None:
+        """One record, start to ack. Synchronous: no commit can start while it runs."""
+        clock = time.perf_counter()
+        message = event.message
+        record = incoming_record(message)
+        if message.topic == self.ticks:
+            now = time.time()
+            produced = self.processor.sweep(message.partition, now, record)
+            self.view.expire(message.partition, now)
+            event.ack()
+        else:
+            produced = self.processor.process(record, time.time())
+            event.ack()
+            self.metrics.count_record(message.partition, time.perf_counter() - clock)
+        if produced:
+            self.unsent[message.partition].extend(produced)
+
+    async def process(self, stream: Any) -> None:
+        """The agent of the input topics and the idle ticks."""
+        self.agent_streams.append(stream)
+        if self.settings.test_stall_agent:  # test only: input waits, nothing is processed
+            await asyncio.Event().wait()
+        await apply_each(stream, self.app, self.apply)
+
+    # --- the commit -----------------------------------------------------------------
+
+    def take_commit(self) -> WorkerCommitBatch:
+        """Between two records: what the records since the last commit produced and
+        changed, per partition, with the partition's transaction."""
+        parts = []
+        for partition in sorted(set(self.unsent) | set(self.processor.dirty_partitions())
+                                | set(self.view.dirty_partitions())):
+            transaction = (transactional_id(self.app, self.group_topic, partition)
+                           if self.app.in_transaction else None)
+            parts.append(PartitionBatch(
+                partition, transaction, self.unsent.pop(partition, []),
+                self.processor.changes(partition) + self.view.changes(partition)))
+        return WorkerCommitBatch(parts, self.producer, self.tables, self.app,
+                                 self.processor, self.view)
+
+    def observe_commit(self, phase: str, seconds: float) -> None:
+        self.metrics.commit_seconds.labels(phase).observe(seconds)
+
+    # --- timers ---------------------------------------------------------------------
+
+    async def tick_own_partitions(self) -> None:
+        """Wake the idle sweep of every partition this worker owns.
+
+        Ticks are sent outside any transaction. In one, a tick became visible
+        only at the next commit, and with no input there was none: the
+        transaction timed out (its producer fenced, the next record's sends
+        failed) and idle runs were never abandoned. A tick carries only a time.
+        """
+        try:
+            now = str(time.time()).encode()
+            for tp in self.app.consumer.assignment():
+                if tp.topic == self.ticks:
+                    await self.producer.send(self.ticks, b"", now, tp.partition, None, None)
+        except Exception as error:  # an exception in a Faust timer would crash the worker
+            log_exception_kind(log, logging.WARNING, "could not send idle ticks", error)
+
+    async def measure_lag(self) -> None:
+        # An exception in a Faust timer crashes the worker: metrics never may.
+        try:
+            consumer = self.app.consumer
+            committed = getattr(consumer, "_committed_offset", {})
+            for tp in consumer.assignment():
+                end = consumer.highwater(tp)
+                if not self.is_input(tp.topic) or end is None:
+                    continue  # internal, or not fetched yet
+                lag = max(0, end - (committed.get(tp) or 0))
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
+            measure_view(self.app, self.settings, self.metrics, self.view)
+        except Exception as error:
+            log_exception_kind(log, logging.WARNING, "could not measure consumer lag", error)
+
+    async def check_progress(self) -> None:
+        """Feed liveness: records processed so far, and the input partitions with
+        records waiting (not yet fetched, or delivered and not yet processed)."""
+        try:
+            lagging = await self.lagging_partitions()
+            queued = sum(stream.channel.queue.qsize() for stream in self.agent_streams)
+            if queued:
+                lagging.append(f"{queued} record(s) queued for the agent")
+            self.liveness.observe(self.metrics.per_record.records(), lagging, time.monotonic())
+        except Exception as error:  # an exception in a Faust timer would crash the worker
+            log_exception_kind(log, logging.WARNING, "could not check progress", error)
+
+    # --- rebalances -----------------------------------------------------------------
+
+    async def on_partitions_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
+        # Committed first (WholeRecordConsumer); anything since is processed again.
+        self.unsent.clear()
+        self.processor.forget()
+        self.view.forget()
+
+    async def on_partitions_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
+        self.assigned_once = True
+        self.liveness.partitions_moved(time.monotonic())
+
+    # --- pages ----------------------------------------------------------------------
+
+    async def metrics_page(self, web: Any, request: Any) -> Any:
+        return web.bytes(generate_latest(self.metrics.registry),
+                         content_type=_METRICS_CONTENT_TYPE)
+
+    def alive(self) -> tuple[bool, str]:
+        if self.app.should_stop:
+            return False, "stopping"
+        verdict = self.liveness.verdict(time.monotonic())
+        return verdict.healthy, verdict.reason
+
+    async def liveness_page(self, web: Any, request: Any) -> Any:
+        healthy, reason = self.alive()
+        return web.json({"alive": healthy, "reason": reason}, status=200 if healthy else 503)
+
+    async def readiness_page(self, web: Any, request: Any) -> Any:
+        """Ready: in the group with its partitions assigned and its tables recovered."""
+        app = self.app
+        reason = ("stopping" if app.should_stop
+                  else "joining the consumer group" if not self.assigned_once
+                  else "rebalancing" if app.rebalancing
+                  else "recovering tables" if app.in_recovery else "")
+        return web.json({"ready": not reason, "reason": reason or "ready",
+                         "inputPartitions": self.input_partitions()},
+                        status=503 if reason else 200)
+
+    async def health_page(self, web: Any, request: Any) -> Any:
+        """Liveness, with what a person checking a worker wants to see."""
+        healthy, reason = self.alive()
+        return web.json({"ok": healthy, "reason": reason,
+                         "processed": self.metrics.per_record.records() > 0,
+                         "inputPartitions": self.input_partitions()},
+                        status=200 if healthy else 503)
+
+    # --- the assignment -------------------------------------------------------------
+
+    def is_input(self, topic: str) -> bool:
+        """A raw event topic: not one the workers write themselves (idle ticks, history),
+        nor a table changelog."""
+        return topic not in self.own_topics and topic not in self.app.tables.changelog_topics
+
+    def input_partitions(self) -> int:
+        """How many input partitions this worker owns now (0 before it joined the group)."""
+        try:
+            return sum(self.is_input(tp.topic) for tp in self.app.consumer.assignment())
+        except Exception:  # no consumer yet: starting
+            return 0
+
+    async def lagging_partitions(self) -> list[str]:
+        """Assigned input partitions with records waiting for this worker: records not
+        yet handed to the agent (the consumer's position below the partition's end),
+        or handed over and not yet processed (unacked: the worker acks each record as
+        it processes it). Transaction markers and aborted records move the position
+        past them, so they never count."""
+        consumer = self.app.consumer
+        waiting = {message.tp for message in list(getattr(consumer, "_unacked_messages", ()))
+                   if not message.acked}
+        lagging: list[str] = []
+        inputs = [tp for tp in sorted(consumer.assignment()) if self.is_input(tp.topic)]
+        ends = await consumer.highwaters(*inputs) if inputs else {}
+        for tp in inputs:
+            end, position = ends.get(tp), await consumer.position(tp)
+            if tp in waiting or (end is not None and position is not None and position < end):
+                lagging.append(f"{tp.topic}[{tp.partition}]")
+        return lagging

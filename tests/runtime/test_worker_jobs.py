@@ -1,0 +1,160 @@
+"""The worker's jobs without a broker: a real record processor and thread view, a
+stand-in for the few things of the Faust app they read."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import orjson
+from faust.types import TP
+
+from processors.config import Settings
+from processors.metrics import Metrics
+from processors.processing.outputs import OutputBuilder
+from processors.processing.record_processor import RecordProcessor, StoredTables
+from processors.runtime.commit import WriteBehindTable
+from processors.runtime.faust_adaptations import AdaptedApp, CommitProducer
+from processors.runtime.health import Liveness
+from processors.runtime.jobs import WorkerJobs
+from processors.view.thread_view import ThreadView
+from tests.engine_helpers import run_finished, run_started, t_content, t_end, t_start
+from topics.declarations import STATE_TABLE, TEXT_TABLE, VIEW_TABLE, idle_ticks_topic
+
+SETTINGS = Settings.from_env({"AGUI_INPUT_TOPICS": "events", "AGUI_PARTITIONS": "4"})
+
+
+class Event:
+    """A consumed record as the agent sees it, remembering its ack."""
+
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes,
+                 key: bytes = b"run-1") -> None:
+        self.message = SimpleNamespace(topic=topic, partition=partition, offset=offset,
+                                       timestamp=1_700_000_000.0, key=key, value=value,
+                                       headers=[("tenant", b"acme")])
+        self.acked = False
+
+    def ack(self) -> None:
+        self.acked = True
+
+
+class Page:
+    """What a Faust view gives a page handler to answer with."""
+
+    def json(self, body: Any, status: int = 200) -> tuple[int, Any]:
+        return status, body
+
+    def bytes(self, body: bytes, content_type: str) -> tuple[str, bytes]:
+        return content_type, body
+
+
+def app_stand_in(**flags: Any) -> Any:
+    assignment = {TP("events", 1), TP("events", 2), TP(idle_ticks_topic(SETTINGS.app_id), 1),
+                  TP("agui-run-state-changelog", 1)}
+    return SimpleNamespace(
+        consumer=SimpleNamespace(assignment=lambda: assignment),
+        tables=SimpleNamespace(changelog_topics={"agui-run-state-changelog"}),
+        in_transaction=False, should_stop=False, rebalancing=False, in_recovery=False,
+        **flags)
+
+
+def jobs_for(app: Any, metrics: Metrics | None = None) -> WorkerJobs:
+    metrics = metrics or Metrics()
+    tables: dict[str, Any] = {STATE_TABLE: {}, TEXT_TABLE: {}, VIEW_TABLE: {}}
+    builder = OutputBuilder(SETTINGS.history_topic, SETTINGS.deadletter_topic,
+                            SETTINGS.max_record_bytes, metrics)
+    processor = RecordProcessor(builder, metrics,
+                                StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
+                                tenant_header="tenant", default_tenant="default",
+                                idle_timeout=SETTINGS.idle_timeout_seconds)
+    view = ThreadView(tables[VIEW_TABLE], partitions=SETTINGS.partitions,
+                      retention_seconds=SETTINGS.view_retention_seconds)
+    return WorkerJobs(cast(AdaptedApp, app), SETTINGS, metrics, processor, view,
+                      cast(CommitProducer, None),
+                      cast(dict[str, WriteBehindTable], tables), Liveness(60.0, 0.0))
+
+
+def feed_run(jobs: WorkerJobs, partition: int, key: bytes) -> list[Event]:
+    events = [Event("events", partition, offset, orjson.dumps(value), key) for offset, value
+              in enumerate([run_started(), t_start("m"), t_content("m", "hi"), t_end("m"),
+                            run_finished()])]
+    for event in events:
+        jobs.apply(event)
+    return events
+
+
+def test_apply_acks_each_record_and_keeps_what_it_produced_for_its_partition() -> None:
+    jobs = jobs_for(app_stand_in())
+    events = feed_run(jobs, 2, b"run-1")
+    assert all(event.acked for event in events)
+    assert list(jobs.unsent) == [2]
+    kinds = [orjson.loads(out.value)["kind"] for out in jobs.unsent[2]]
+    assert kinds == ["message", "run"]
+    assert jobs.metrics.per_record.records() == len(events)
+
+
+def test_a_tick_sweeps_its_partition_and_is_not_counted_as_a_record() -> None:
+    jobs = jobs_for(app_stand_in())
+    tick = Event(jobs.ticks, 1, 0, b"1700000000.0", key=b"")
+    jobs.apply(tick)
+    assert tick.acked
+    assert jobs.metrics.per_record.records() == 0
+
+
+def test_take_commit_batches_each_partition_once_and_empties_what_it_took() -> None:
+    jobs = jobs_for(app_stand_in())
+    feed_run(jobs, 2, b"run-1")
+    feed_run(jobs, 1, b"run-2")
+    batch = jobs.take_commit()
+    assert [part.partition for part in batch.parts] == [1, 2]
+    for part in batch.parts:
+        assert part.transaction is None  # the stand-in app is not in a transaction
+        assert len(part.outgoing) == 2 and part.changes
+    assert jobs.unsent == {}
+    assert jobs.take_commit().parts == []
+
+
+def test_a_revocation_drops_what_was_not_committed() -> None:
+    jobs = jobs_for(app_stand_in())
+    feed_run(jobs, 2, b"run-1")
+    asyncio.run(jobs.on_partitions_revoked(None, set()))
+    assert jobs.unsent == {}
+    assert jobs.take_commit().parts == []
+
+
+def test_readiness_says_why_a_worker_is_not_ready() -> None:
+    for flags, reason in [({}, "joining the consumer group"),
+                          ({"rebalancing": True}, "rebalancing"),
+                          ({"in_recovery": True}, "recovering tables"),
+                          ({"should_stop": True}, "stopping")]:
+        app = app_stand_in()
+        app.__dict__.update(flags)
+        jobs = jobs_for(app)
+        if reason != "joining the consumer group":
+            asyncio.run(jobs.on_partitions_assigned(None, set()))
+        status, body = asyncio.run(jobs.readiness_page(Page(), None))
+        assert (status, body["reason"]) == (503, reason)
+    jobs = jobs_for(app_stand_in())
+    asyncio.run(jobs.on_partitions_assigned(None, set()))
+    status, body = asyncio.run(jobs.readiness_page(Page(), None))
+    assert (status, body) == (200, {"ready": True, "reason": "ready", "inputPartitions": 2})
+
+
+def test_health_counts_only_input_partitions_and_reports_progress() -> None:
+    jobs = jobs_for(app_stand_in())
+    status, body = asyncio.run(jobs.health_page(Page(), None))
+    assert (status, body) == (200, {"ok": True, "reason": "no lag", "processed": False,
+                                    "inputPartitions": 2})
+    feed_run(jobs, 1, b"run-1")
+    assert asyncio.run(jobs.health_page(Page(), None))[1]["processed"] is True
+    assert asyncio.run(jobs.liveness_page(Page(), None)) == (
+        200, {"alive": True, "reason": "no lag"})
+
+
+def test_the_metrics_page_exports_the_worker_registry() -> None:
+    jobs = jobs_for(app_stand_in())
+    feed_run(jobs, 1, b"run-1")
+    content_type, body = asyncio.run(jobs.metrics_page(Page(), None))
+    assert content_type == "text/plain"
+    assert b'agui_runs_total{outcome="finished"} 1.0' in body
