@@ -15,6 +15,7 @@ private attribute would silently disable a guarantee.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import inspect
 import logging
 import math
@@ -45,17 +46,28 @@ from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
 
 log = logging.getLogger("agui_stream")
 
-# The versions every adaptation here was checked against (pyproject pins them).
-CHECKED_VERSIONS: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+# The versions every adaptation here was checked against (pyproject pins them): Faust,
+# its service library mode (whose queues, services and signals the adaptations
+# subclass), and aiokafka.
+CHECKED_VERSIONS: Final = {"faust-streaming": "0.15.3", "mode-streaming": "0.7.1",
+                           "aiokafka": "0.14.0"}
 
 
 class UncheckedVersion(RuntimeError):
-    """An installed Faust or aiokafka differs from the one the adaptations were checked on."""
+    """An installed Faust, mode or aiokafka differs from the one the adaptations were
+    checked on."""
+
+
+def installed_version(distribution: str) -> str:
+    """The installed version of a distribution, as pip knows it (mode's own
+    `__version__` says 0.0.1 whatever is installed)."""
+    return importlib.metadata.version(distribution)
 
 
 def check_versions() -> None:
-    """Refuse to run on a Faust or aiokafka the adaptations were not checked against."""
-    installed = {"faust-streaming": faust.__version__, "aiokafka": aiokafka.__version__}
+    """Refuse to run on a Faust, mode or aiokafka the adaptations were not checked
+    against."""
+    installed = {name: installed_version(name) for name in CHECKED_VERSIONS}
     wrong = {name: version for name, version in installed.items()
              if version != CHECKED_VERSIONS[name]}
     if wrong:

@@ -8,7 +8,6 @@ import gc
 from types import SimpleNamespace
 from typing import Any, cast
 
-import faust
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from faust.tables.recovery import Recovery
@@ -20,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.config import Settings
+from processors.runtime import faust_adaptations
 from processors.runtime.app import PARTITION_FETCH_BYTES, faust_app
 from processors.runtime.faust_adaptations import (
     AGENT_TURN_SECONDS,
@@ -210,12 +210,15 @@ def test_the_transactional_id_is_faust_s_own(monkeypatch: pytest.MonkeyPatch) ->
     assert transactional_id(app, "agui.events", 3) == "agui/agui.events/2/3"
 
 
-def test_a_worker_refuses_unchecked_faust_and_aiokafka_versions(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("distribution", ["faust-streaming", "mode-streaming", "aiokafka"])
+def test_a_worker_refuses_unchecked_faust_mode_and_aiokafka_versions(
+    monkeypatch: pytest.MonkeyPatch, distribution: str,
 ) -> None:
     check_versions()  # the pinned ones pass
-    monkeypatch.setattr(faust, "__version__", "0.16.0")
-    with pytest.raises(UncheckedVersion, match=r"faust-streaming 0\.16\.0"):
+    installed = faust_adaptations.installed_version
+    monkeypatch.setattr(faust_adaptations, "installed_version", lambda name: (
+        "9.9.9" if name == distribution else installed(name)))
+    with pytest.raises(UncheckedVersion, match=rf"installed {distribution} 9\.9\.9;"):
         check_versions()
 
 
