@@ -324,7 +324,7 @@ def test_signals_log_where_tasks_wait_and_never_reasoning(
                  "SIGUSR2 to be ignored", worker.log_tail)
         assert worker.processed() >= len(open_run)  # still serving /metrics
         log = worker.log_path.read_text()
-        assert "processors/runtime/app.py" in log  # the agent's await path is in the dump
+        assert "processors/runtime/jobs.py" in log  # the agent's await path is in the dump
         assert secret not in log
     finally:
         worker.stop()
