@@ -44,7 +44,12 @@ def _module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, module: str) -> list[tuple[int, str]]:
+def _is_module(root: Path, name: str) -> bool:
+    where = root.joinpath(*name.split("."))
+    return where.is_dir() or where.with_suffix(".py").is_file()
+
+
+def _imports(root: Path, path: Path, module: str) -> list[tuple[int, str]]:
     """(line, absolute module name) of every import in the file."""
     found: list[tuple[int, str]] = []
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -57,8 +62,9 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
             # `from processors.engine import history` imports processors.engine.history
-            found += [(node.lineno, f"{base}.{alias.name}" if _rank(f"{base}.{alias.name}")
-                       is not None else base) for alias in node.names]
+            found += [(node.lineno, f"{base}.{alias.name}"
+                       if _is_module(root, f"{base}.{alias.name}") else base)
+                      for alias in node.names]
     return found
 
 
@@ -74,7 +80,7 @@ def layer_violations(root: Path) -> list[str]:
             violations.append(f"{where}: in no layer (add it to LAYERS)")
             continue
         in_runtime = module.startswith("processors.runtime")
-        for line, imported in _imports(path, module):
+        for line, imported in _imports(root, path, module):
             top = imported.split(".")[0]
             imported_rank = _rank(imported)
             if top in RUNTIME_ONLY and not in_runtime:
