@@ -424,7 +424,7 @@ async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
                     record = orjson.loads(m.value)
                     if record.get("kind") == "run":
                         closing += 1
-                        finished += record.get("outcome") == "finished"
+                        finished += record.get("outcome") == "success"
         committed_done = time.perf_counter()
         assert clock is not None and events_done is not None
         scraped = await asyncio.to_thread(worker.metrics)

@@ -33,7 +33,7 @@ class History:
         return record
 
     def run(self, thread: str, run_id: str, messages: list[dict[str, Any]], *,
-            outcome: str = "finished", tenant: str = "acme", at: int = T0) -> list[Incoming]:
+            outcome: str = "success", tenant: str = "acme", at: int = T0) -> list[Incoming]:
         key = f"{tenant}/{thread}".encode()
         records = [self.record(key, HistoryMessage.encode(tenant, thread, run_id, seq, m), at)
                    for seq, m in enumerate(messages)]

@@ -13,8 +13,20 @@ from typing import Any, Final, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-HISTORY_SCHEMA: Final = "agui.history.v1"
+HISTORY_SCHEMA: Final = "agui.history.v2"
 DEADLETTER_SCHEMA: Final = "agui.deadletter.v1"
+
+# What a history content record does to the thread a consumer folds (docs/topics.md,
+# *Folding the history topic*): `message` replaces the held message with its id in
+# place, or appends; `input` (a message of RUN_STARTED.input new to the thread)
+# appends only when the id is not held; `continuation` adds what a later run on the
+# same stream added to a message an earlier one delivered; `removal` removes one.
+ContentKind = Literal["message", "input", "continuation"]
+CONTENT_KINDS: Final = ("message", "input", "continuation")
+# How a run ended, as AG-UI 1.1 names it (events/lifecycle), plus the two endings the
+# service gives a run itself: `failed` (a rule was broken) and `abandoned` (idle timeout).
+RunOutcome = Literal["success", "interrupt", "cancelled", "error", "failed", "abandoned"]
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True, populate_by_name=True)
@@ -24,42 +36,65 @@ class _Record(BaseModel):
 
 
 class _HistoryRecord(_Record):
-    schema_: Literal["agui.history.v1"] = Field(HISTORY_SCHEMA, alias="schema")
+    schema_: Literal["agui.history.v2"] = Field(HISTORY_SCHEMA, alias="schema")
     tenant: str
     threadId: str | None = None
     runId: str | None = None
 
 
 class HistoryMessage(_HistoryRecord):
-    kind: Literal["message"] = "message"
+    """A content record that carries a message (`kind` says how it folds)."""
+
+    kind: ContentKind = "message"
     seq: int
     message: dict[str, Any]
 
     @staticmethod
     def encode(tenant: str, thread_id: str | None, run_id: str | None, seq: int,
-               message: dict[str, Any]) -> bytes:
+               message: dict[str, Any], kind: ContentKind = "message") -> bytes:
         """The bytes of `HistoryMessage(...).to_bytes()`, for the engine's own messages,
         without the model's validating copy of the whole message (one per published
-        message, on the worker's hot path). tests/processing/test_records.py proves they agree."""
+        message, on the worker's hot path). tests/processing/test_records.py proves they
+        agree."""
         record: dict[str, Any] = {"schema": HISTORY_SCHEMA, "tenant": tenant}
         if thread_id is not None:
             record["threadId"] = thread_id
         if run_id is not None:
             record["runId"] = run_id
-        record["kind"] = "message"
+        record["kind"] = kind
         record["seq"] = seq
         record["message"] = message
         return orjson.dumps(record)
 
 
+class HistoryRemoval(_HistoryRecord):
+    """A later run's MESSAGES_SNAPSHOT dropped a message an earlier run delivered."""
+
+    kind: Literal["removal"] = "removal"
+    seq: int
+    messageId: str
+
+
+class RunFailure(_Record):
+    code: str
+
+
 class HistoryRun(_HistoryRecord):
-    """The closing record of a run: it is complete, with this many messages."""
+    """The closing record of a run: how it ended, and how many content records it
+    published. Every run that ends gets one; a `late` one (a RUN_ERROR after the run
+    had finished) turns the run into an error. The last closing record of a run is
+    its fate."""
 
     kind: Literal["run"] = "run"
-    outcome: Literal["finished", "error"]
-    messageCount: int
+    outcome: RunOutcome
+    messageCount: int | None = None  # absent only on a late error
+    pendingToolCallIds: list[str] | None = None
+    interrupts: list[dict[str, Any]] | None = None
     usage: list[dict[str, Any]] | None = None
     error: dict[str, Any] | None = None
+    failure: RunFailure | None = None
+    inputEchoed: bool | None = None
+    late: bool | None = None
 
 
 class SourceCoordinates(_Record):

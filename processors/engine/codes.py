@@ -42,6 +42,13 @@ class WarningCode(StrEnum):
     INCOMPLETE_AT_ERROR = "incomplete_at_error"
     ENCRYPTED_VALUE_UNKNOWN_ENTITY = "encrypted_value_unknown_entity"
     NOT_STORABLE = "not_storable"
+    # AG-UI 1.1 (docs/rules.md)
+    RETIRED_SHAPE = "retired_shape"
+    LATE_RUN_ERROR = "late_run_error"
+    ACTIVITY_PATCH_FAILED = "activity_patch_failed"
+    ACTIVITY_UNKNOWN_MESSAGE = "activity_unknown_message"
+    MESSAGE_ID_CONFLICT = "message_id_conflict"
+    SUBAGENT_REUSED = "subagent_reused"
 
 
 class LossReason(StrEnum):

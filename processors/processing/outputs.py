@@ -132,7 +132,7 @@ class OutputBuilder:
             published.append(Outgoing(self.history_topic, key, value, []))
         closing = HistoryRun(
             tenant=tenant, threadId=thread_id, runId=run_id,
-            outcome="finished" if concluded.outcome.value == "finished" else "error",
+            outcome="success" if concluded.outcome.value == "finished" else "error",
             messageCount=len(published), usage=concluded.usage, error=concluded.error,
         ).to_bytes()
         published.append(Outgoing(self.history_topic, key, closing, []))

@@ -86,7 +86,7 @@ def test_a_thread_s_next_run_gets_its_history_back(kafka_bootstrap: str,
     assert _MESSAGES.validate_python(body["messages"])  # what RunAgentInput takes
     status, runs = _get(worker, "/v1/threads/t1", acme)
     assert [(r["runId"], r["outcome"], r["messageCount"]) for r in runs["runs"]] == [
-        (first.run_id, "finished", 2), (second.run_id, "finished", 2)]
+        (first.run_id, "success", 2), (second.run_id, "success", 2)]
 
     # Incremental reads; the client returns the ag-ui-protocol models.
     status, later = _get(worker, f"/v1/threads/t1/messages?after={first.run_id}-r", acme)

@@ -84,7 +84,7 @@ def test_runs_lists_each_run_with_its_outcome_and_count() -> None:
     response = runs(api())
     assert response.status == 200
     assert [(run["runId"], run["outcome"], run["messageCount"])
-            for run in response.body["runs"]] == [("r1", "finished", 4), ("r2", "error", 2)]
+            for run in response.body["runs"]] == [("r1", "success", 4), ("r2", "error", 2)]
     assert response.body["historyOffset"] == 7
 
 

@@ -105,9 +105,9 @@ def test_messages_of_successive_runs_follow_each_other() -> None:
     feed(view, history.run("t1", "r2", [user("m3"), assistant("m4")], at=T0 + 1000))
     assert ids(view) == ["m1", "m2", "m3", "m4"]
     assert view.runs("acme", "t1") == [
-        {"runId": "r1", "outcome": "finished", "messageCount": 2,
+        {"runId": "r1", "outcome": "success", "messageCount": 2,
          "firstTime": T0, "lastTime": T0 + 5},
-        {"runId": "r2", "outcome": "finished", "messageCount": 2,
+        {"runId": "r2", "outcome": "success", "messageCount": 2,
          "firstTime": T0 + 1000, "lastTime": T0 + 1005},
     ]
     assert view.counts.applied == 6
