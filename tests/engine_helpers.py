@@ -149,6 +149,16 @@ def sub_error(sid: str, **kw: Any) -> dict[str, Any]:
     return _ev("SUBAGENT_ERROR", {"subagentRunId": sid, "message": "x", **kw})
 
 
+def reasoning(mid: str, *deltas: str, **kw: Any) -> list[dict[str, Any]]:
+    """A whole reasoning message: START, a CONTENT per delta, END."""
+    return [r_start(mid, **kw), *(r_content(mid, d) for d in deltas), r_end(mid)]
+
+
+def text(mid: str, *deltas: str, **kw: Any) -> list[dict[str, Any]]:
+    """A whole text message: START, a CONTENT per delta, END."""
+    return [t_start(mid, **kw), *(t_content(mid, d) for d in deltas), t_end(mid)]
+
+
 def in_run(*events: dict[str, Any] | bytes, run: str = "r1") -> list[dict[str, Any] | bytes]:
     return [run_started(run), *events, run_finished(run)]
 
@@ -235,7 +245,7 @@ def finished_clean(replay: Replay) -> list[dict[str, Any]]:
     assert replay.failures == [], replay.entries()
     assert replay.warnings == [], replay.entries()
     assert replay.losses == [], replay.entries()
-    assert replay.concluded and replay.concluded[-1].outcome.value == "finished"
+    assert replay.concluded and replay.concluded[-1].outcome.value == "success"
     for message in replay.messages:
         MESSAGE.validate_python(message)
     return replay.messages

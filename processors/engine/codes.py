@@ -63,6 +63,12 @@ class LossReason(StrEnum):
 
 
 class Outcome(StrEnum):
-    FINISHED = "finished"
+    """How a run ended: AG-UI 1.1's outcomes of RUN_FINISHED (events/lifecycle), RUN_ERROR,
+    and the two endings the rules give a run (a failure, the idle timeout)."""
+
+    SUCCESS = "success"
+    INTERRUPT = "interrupt"
+    CANCELLED = "cancelled"
     ERROR = "error"
     FAILED = "failed"
+    ABANDONED = "abandoned"

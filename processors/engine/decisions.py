@@ -45,15 +45,39 @@ class EncryptedLost:
     reason: LossReason
 
 
+# What a history entry does to the thread (docs/topics.md, *Folding the history topic*).
+MESSAGE = "message"  # a whole message: replaces the one with its id in place, or appends
+INPUT = "input"  # a message of RUN_STARTED.input new to the thread: appended if absent
+CONTINUATION = "continuation"  # what this run added to a message an earlier run delivered
+REMOVAL = "removal"  # a snapshot dropped a message an earlier run delivered
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    kind: str  # MESSAGE, INPUT, CONTINUATION or REMOVAL
+    message: dict[str, Any]  # for REMOVAL only {"id": ...}
+
+
 @dataclass(frozen=True, slots=True)
 class Concluded:
-    """A run ended with RUN_FINISHED or RUN_ERROR: its history is final."""
+    """A run ended with RUN_FINISHED or RUN_ERROR: its history is final. A `late` one
+    is a RUN_ERROR after the run had finished: the run failed after all, its entries
+    already published."""
 
     outcome: Outcome
     run: RunIdentity | None  # None for a RUN_ERROR that was the key's first event
-    messages: list[dict[str, Any]]
+    entries: list[HistoryEntry]
     usage: list[dict[str, Any]] | None
     error: dict[str, Any] | None
+    # pendingToolCallIds (success) or interrupts (interrupt), as RUN_FINISHED said
+    detail: dict[str, Any] | None = None
+    input_echoed: bool | None = None  # whether RUN_STARTED carried the run's input
+    late: bool = False
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The whole messages the run published (message and input entries), in order."""
+        return [entry.message for entry in self.entries if entry.kind in (MESSAGE, INPUT)]
 
 
 @dataclass(frozen=True, slots=True)

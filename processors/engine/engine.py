@@ -26,17 +26,25 @@ from processors.engine import history
 from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
 from processors.engine.content import ContentStore, Fragments, InMemoryContentStore
 from processors.engine.decisions import (
+    CONTINUATION,
+    INPUT,
+    MESSAGE,
+    REMOVAL,
     Concluded,
     Decision,
     Discarded,
     EncryptedLost,
     Failed,
+    HistoryEntry,
     RunIdentity,
     Step,
     Warned,
 )
 from processors.engine.jsonpatch import apply_patch
+from processors.engine.retired import RETIRED_EVENTS, translate_thinking
 from processors.engine.state import (
+    BUILT,
+    CONTINUED,
     NAMESPACES,
     OPEN_KINDS,
     ChunkKind,
@@ -45,6 +53,9 @@ from processors.engine.state import (
     Phase,
     RunState,
     ToolCallRecord,
+)
+from processors.engine.state import (
+    INPUT as FROM_INPUT,
 )
 from topics.events import (
     CLEAN_CHECKS,
@@ -155,7 +166,23 @@ _loads: Final = orjson.loads
 
 
 def _describe(ns: _Namespace, item_id: str) -> str:
+    if ns is _STEPS:
+        owner, name = _step_of(item_id)
+        return f"step {name!r}" + ("" if owner is None else f" of subagent run {owner!r}")
     return f"{ns.noun} {item_id!r}"
+
+
+def _step_key(owner: str | None, name: str) -> str:
+    """An open step's id: its owner and name, unambiguous whatever they contain."""
+    return orjson.dumps([owner, name]).decode()
+
+
+def _step_of(key: str) -> tuple[str | None, str]:
+    try:
+        owner, name = orjson.loads(key)
+    except (orjson.JSONDecodeError, ValueError, TypeError):
+        return None, key  # stored before steps had owners: the parent's
+    return owner, name
 
 
 class KeyEngine:
@@ -224,9 +251,16 @@ class KeyEngine:
             self._out.append(Discarded())
             return _step("unknown" if rule is None else event_type, self._out)
         if rule is None:
-            self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
-                       "event type is not an AG-UI 1.0 type; the event was dropped")
-            return _step("unknown", self._out)
+            if event_type not in RETIRED_EVENTS:
+                self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
+                           "event type is not an AG-UI 1.1 type; the event was dropped")
+                return _step("unknown", self._out)
+            # The compatibility boundary (rule book section 2): translated before the
+            # schema sees it.
+            event = translate_thinking(event, run)
+            self._warn_retired(event_type, "", f"translated to {event['type']}")
+            event_type = event["type"]
+            rule = _RULES[event_type]
         is_clean = rule.is_clean
         if not is_clean(event):
             checked = self._checked(event_type, rule.model, event)
@@ -323,21 +357,59 @@ class KeyEngine:
         self.state.phase = Phase.ACTIVE
         if version is not None and protocol_version_is_foreign(version):
             self._warn(WarningCode.PROTOCOL_VERSION,
-                       "RUN_STARTED.protocolVersion is newer than 1.0 or not MAJOR.MINOR;"
-                       " proceeding as 1.0")
+                       "RUN_STARTED.protocolVersion is newer than 1.1 or not MAJOR.MINOR;"
+                       " proceeding as 1.1")
+        run_input = event.get("input")
+        if run_input is not None:
+            run.input_echoed = True
+            self._take_input(run, run_input["messages"])
+
+    def _take_input(self, run: RunState, messages: list[dict[str, Any]]) -> None:
+        """RUN_STARTED.input (rule book section 3): its messages are entities of the
+        run; those new to the thread are history, before the run's own messages.
+        New: the input's tail after its last message an agent produced (the user's
+        new message, the client's tool results), or all of it when there is none,
+        minus what the key already holds. The rest the thread holds already: the
+        key's index takes them, as if an earlier run had delivered them."""
+        agent_made = [i for i, m in enumerate(messages) if m["role"] in _AGENT_ROLES]
+        tail_starts = agent_made[-1] + 1 if agent_made else 0
+        state = self.state
+        for position, message in enumerate(messages):
+            message_id = message["id"]
+            if state.held is not None and message_id in state.held:
+                continue
+            if position < tail_starts:
+                _hold(state, message_id, message["role"], message.get("toolCalls"))
+            elif message_id not in run.messages:
+                record = history.record_from_wire(message)
+                record.origin = FROM_INPUT
+                run.messages[message_id] = record
+                for call in record.tool_calls or ():
+                    run.tool_index[call.id] = message_id
 
     def _run_already_active(self, run: RunState, event: dict[str, Any]) -> None:
         raise RunFailure(FailureCode.RUN_ALREADY_ACTIVE,
                          f"RUN_STARTED while run {run.run_id!r} is active")
 
     def _run_error_outside_run(self, event_type: str, event: dict[str, Any]) -> None:
-        phase = self.state.phase
+        state = self.state
+        phase = state.phase
         if phase is Phase.FRESH:
             # A RUN_ERROR as the key's first event is a run of its own.
-            self._conclude(Outcome.ERROR, None, [], event.get("usage"), _error_of(event))
-            self.state.phase = Phase.ERRORED
+            self._out.append(Concluded(Outcome.ERROR, None, [], event.get("usage"),
+                                       _error_of(event)))
+            state.phase = Phase.ERRORED
         elif phase is Phase.FINISHED:
-            self.state.phase = Phase.ERRORED  # a late RUN_ERROR is accepted silently
+            # A late RUN_ERROR (events/lifecycle, "After a run closes"): the run that
+            # reported it finished failed after all. What it delivered stays.
+            last = state.last
+            identity = None if last is None else RunIdentity(last[0], last[1])
+            self._out.append(Warned(WarningCode.LATE_RUN_ERROR,
+                                    "RUN_ERROR after RUN_FINISHED: the run failed after it"
+                                    " reported its end; it is an error run now", identity))
+            self._out.append(Concluded(Outcome.ERROR, identity, [], event.get("usage"),
+                                       _error_of(event), late=True))
+            state.phase = Phase.ERRORED
         else:
             self._stray(event_type, event)
 
@@ -356,8 +428,10 @@ class KeyEngine:
             ]
             raise RunFailure(FailureCode.OPEN_AT_FINISH,
                              "open at RUN_FINISHED: " + ", ".join(still_open))
-        self._conclude(Outcome.FINISHED, run, self._assemble(run), event.get("usage"), None)
+        outcome, detail = _finished_outcome(event.get("outcome"))
+        self._conclude(outcome, run, event, None, detail)
         self.state.phase = Phase.FINISHED
+        self.state.last = [run.thread_id, run.run_id]
 
     def _run_error(self, run: RunState, event: dict[str, Any]) -> None:
         discarded_values = 0
@@ -385,24 +459,32 @@ class KeyEngine:
                 discarded_values += _values_on(host)
         self._out.extend(EncryptedLost(LossReason.INCOMPLETE_AT_ERROR)
                          for _ in range(discarded_values))
-        self._conclude(Outcome.ERROR, run, self._assemble(run), event.get("usage"),
-                       _error_of(event))
+        self._conclude(Outcome.ERROR, run, event, _error_of(event), None)
         self.state.phase = Phase.ERRORED
 
-    def _assemble(self, run: RunState) -> list[dict[str, Any]]:
+    def _assemble(self, run: RunState) -> list[HistoryEntry]:
+        """The run's history entries (rule book section 15): removals, then its
+        messages in history order, each as its origin says; and the key's index of
+        delivered messages learns them."""
         texts = self.content.texts()
-        return [history.to_message(record, texts) for record in run.messages.values()]
+        state = self.state
+        entries = []
+        for removed in run.removed or ():
+            entries.append(HistoryEntry(REMOVAL, {"id": removed}))
+            _forget(state, removed)
+        for record in run.messages.values():
+            origin = record.origin
+            message = history.to_message(record, texts)
+            entries.append(HistoryEntry(_ENTRY_KINDS[origin], message))
+            _hold(state, record.id, record.role, message.get("toolCalls"))
+        return entries
 
-    def _conclude(
-        self,
-        outcome: Outcome,
-        run: RunState | None,
-        messages: list[dict[str, Any]],
-        usage: list[dict[str, Any]] | None,
-        error: dict[str, Any] | None,
-    ) -> None:
-        identity = None if run is None else RunIdentity(run.thread_id, run.run_id)
-        self._out.append(Concluded(outcome, identity, messages, usage, error))
+    def _conclude(self, outcome: Outcome, run: RunState, event: dict[str, Any],
+                  error: dict[str, Any] | None, detail: dict[str, Any] | None) -> None:
+        """The run ends with its history (RUN_FINISHED, RUN_ERROR)."""
+        self._out.append(Concluded(outcome, RunIdentity(run.thread_id, run.run_id),
+                                   self._assemble(run), event.get("usage"), error, detail,
+                                   run.input_echoed))
         self._end_run()
 
     def _end_run(self) -> None:
@@ -430,6 +512,21 @@ class KeyEngine:
 
     def _warn(self, code: WarningCode, reason: str) -> None:
         self._out.append(Warned(code, reason, self._run_identity()))
+
+    def _warn_retired(self, event_type: str, pointer: str, what: str) -> None:
+        """A retired shape was translated (rule book section 13): warned once per run
+        per event type as received and pointer, like an unknown field."""
+        run = self.state.run
+        if run is not None:
+            key = f"retired {event_type} {pointer}"
+            if run.warned_fields is None:
+                run.warned_fields = {key}
+            elif key in run.warned_fields:
+                return
+            else:
+                run.warned_fields.add(key)
+        self._warn(WarningCode.RETIRED_SHAPE,
+                   f"{event_type}{pointer}: a retired AG-UI shape; {what}")
 
     def _warn_stripped(self, event_type: str, findings: Findings) -> None:
         run = self.state.run
@@ -541,6 +638,12 @@ class KeyEngine:
             if name is not None and call is not None and name != call.name:
                 raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                  f"tool call chunk for {item_id!r} names another tool")
+            # A repeated parentMessageId must be the opener's, whose absence (or "")
+            # established none (patterns/streaming).
+            if ("parentMessageId" in event and call is not None
+                    and (event["parentMessageId"] or None) != call.parent):
+                raise RunFailure(FailureCode.CHUNK_CONFLICT,
+                                 f"tool call chunk for {item_id!r} names another parent message")
         elif kind is ChunkKind.TEXT:
             record = run.messages.get(item_id)
             if record is not None:
@@ -645,6 +748,10 @@ class KeyEngine:
         self._open(run, ns, message_id, tag)
         record = run.messages.get(message_id)
         if record is None:
+            record = self._delivered(run, message_id)
+            if record is not None:
+                record.content_base = ""  # what this run appends to the delivered text
+        if record is None:
             record = MessageRecord(message_id, role)
             if tag is not None:
                 record.set_field("subagentRunId", tag)
@@ -652,10 +759,24 @@ class KeyEngine:
                 record.set_field("name", event["name"])
             record.content_base = ""
             run.messages[message_id] = record
-        elif record.content_base is None and record.content_slot is None:
-            record.content_base = ""  # a tool-call host now streams text too
+        else:
+            if record.origin == FROM_INPUT:
+                record.origin = BUILT  # changed by the run: published whole
+            if record.content_base is None and record.content_slot is None:
+                record.content_base = ""  # a tool-call host now streams text too
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
+        return record
+
+    def _delivered(self, run: RunState, message_id: str) -> MessageRecord | None:
+        """A message an earlier run on the key delivered (and no snapshot of this run
+        removed), as a record of what this run adds to it; None if there is none."""
+        held = self.state.held
+        if held is None or message_id not in held or (run.removed and message_id in run.removed):
+            return None
+        record = MessageRecord(message_id, held[message_id])
+        record.origin = CONTINUED
+        run.messages[message_id] = record
         return record
 
     def _append_text(
@@ -681,15 +802,36 @@ class KeyEngine:
                     return call
         return None
 
+    def _delivered_call(self, run: RunState, call_id: str) -> ToolCallRecord | None:
+        """A tool call an earlier run on the key delivered, as a record of what this
+        run adds to it, on its host's continuation; None if there is none."""
+        calls = self.state.held_calls
+        if calls is None or call_id not in calls:
+            return None
+        host_id, name = calls[call_id]
+        host = run.messages.get(host_id) or self._delivered(run, host_id)
+        if host is None:  # its host was removed by a snapshot of this run
+            return None
+        call = ToolCallRecord(call_id, name)
+        call.continued = True
+        if host.tool_calls is None:
+            host.tool_calls = []
+        host.tool_calls.append(call)
+        run.tool_index[call_id] = host_id
+        return call
+
     def _tool_start(self, run: RunState, event: dict[str, Any]) -> ToolCallRecord:
         """Open the tool call; the record its arguments stream into."""
         call_id = event["toolCallId"]
         tag = event.get("subagentRunId")
         self._open(run, _TOOL_CALLS, call_id, tag)
-        call = self._tool_call(run, call_id)
+        call = self._tool_call(run, call_id) or self._delivered_call(run, call_id)
         if call is None:
-            host = self._tool_host(run, event.get("parentMessageId"), call_id, tag)
+            # An empty parentMessageId names no message: the .NET SDK sends "" for none.
+            parent = event.get("parentMessageId") or None
+            host = self._tool_host(run, parent, call_id, tag)
             call = ToolCallRecord(call_id, event["toolCallName"])
+            call.parent = parent
             if host.tool_calls is None:
                 host.tool_calls = []
             host.tool_calls.append(call)
@@ -704,7 +846,15 @@ class KeyEngine:
         """The assistant message parentMessageId names, or a new one."""
         host_id = parent_id if parent_id is not None else call_id
         host = run.messages.get(host_id)
+        if host is None:
+            held = self.state.held
+            if held is not None and held.get(host_id) == "assistant":
+                host = self._delivered(run, host_id)  # a delivered message takes the call
+            elif held is not None and host_id in held:
+                host = MessageRecord(host_id, held[host_id])  # its role names no host
         if host is not None and host.role == "assistant":
+            if host.origin == FROM_INPUT:
+                host.origin = BUILT
             return host
         if host is not None:
             host_id = call_id  # the name is taken by a message of another role
@@ -744,10 +894,31 @@ class KeyEngine:
             record.set_field("subagentRunId", event["subagentRunId"])
         if "metadata" in event:
             record.metadata = event["metadata"]
-        if message_id in run.messages:
-            run.messages[message_id] = record  # restated: it keeps its place
-        else:
+        existing = run.messages.get(message_id)
+        held = self.state.held
+        if existing is None and held is not None and message_id in held and (
+                not run.removed or message_id not in run.removed):
+            if held[message_id] == "tool":  # a delivered result, restated: replaced whole
+                run.messages[message_id] = record
+            else:
+                self._id_conflict(message_id, held[message_id])
+            return
+        if existing is None:
             history.add_tool_result(run, record, event["toolCallId"])
+        elif existing.role == "tool" and existing.field("toolCallId") == event["toolCallId"]:
+            run.messages[message_id] = record  # restated: it keeps its place
+        elif _named_after_its_call(run, existing):
+            # The host this engine made for a call without parentMessageId was named
+            # after the call; the result's own id wins it (rule book section 7).
+            history.rename(run, existing, _free_id(run, self.state, f"{message_id}/assistant"))
+            history.add_tool_result(run, record, event["toolCallId"])
+        else:
+            self._id_conflict(message_id, existing.role)
+
+    def _id_conflict(self, message_id: str, role: str) -> None:
+        self._warn(WarningCode.MESSAGE_ID_CONFLICT,
+                   f"TOOL_CALL_RESULT names message {message_id!r}, which is already a {role}"
+                   " message; the result was dropped")
 
     # --- encrypted values -------------------------------------------------------------
 
@@ -764,43 +935,132 @@ class KeyEngine:
         entity_id = event["entityId"]
         if event["subtype"] == "message":
             record = run.messages.get(entity_id)
+            if record is None:
+                held = self.state.held
+                if held is None or held.get(entity_id, "activity") == "activity":
+                    return False
+                record = self._delivered(run, entity_id)
             if record is None or record.role == "activity":
                 return False
+            if record.origin == FROM_INPUT:
+                record.origin = BUILT  # changed by the run: published whole
             record.encrypted_value = event["encryptedValue"]
+            record.encrypted_type = event.get("encryptedValueType")  # none: removed
             return True
-        call = self._tool_call(run, entity_id)
+        call = self._tool_call(run, entity_id) or self._delivered_call(run, entity_id)
         if call is None:
             return False
+        host = run.messages[run.tool_index[entity_id]]
+        if host.origin == FROM_INPUT:
+            host.origin = BUILT
         call.encrypted_value = event["encryptedValue"]
+        call.encrypted_type = event.get("encryptedValueType")
         return True
+
+    # --- steps and subagents -------------------------------------------------------------
+
+    def _step_started(self, run: RunState, event: dict[str, Any]) -> None:
+        """Steps are per owner (events/subagents): a parent and a subagent may each
+        have a step of one name open."""
+        self._open(run, _STEPS, _step_key(event.get("subagentRunId"), event["stepName"]), None)
+
+    def _step_finished(self, run: RunState, event: dict[str, Any]) -> None:
+        name = event["stepName"]
+        key = _step_key(event.get("subagentRunId"), name)
+        opened = run.open[_STEPS.index]
+        if key not in opened:
+            others = [other for other in opened if _step_of(other)[1] == name]
+            if others:
+                raise RunFailure(FailureCode.OWNER_MISMATCH,
+                                 f"{_describe(_STEPS, key)} is not open; a STEP_FINISHED"
+                                 " closes only its own owner's step (open: "
+                                 + ", ".join(_describe(_STEPS, other) for other in others)
+                                 + ")")
+        self._close(run, _STEPS, key, None, None)
+
+    def _subagent_started(self, run: RunState, event: dict[str, Any]) -> None:
+        invocation = event["subagentRunId"]
+        done = run.subagents_done
+        if done is not None and invocation in done:
+            # An id names one invocation; the spec asks producers not to reuse one but
+            # never asks a consumer to reject the run (rule book section 9).
+            del done[invocation]
+            self._warn(WarningCode.SUBAGENT_REUSED,
+                       f"SUBAGENT_STARTED reuses subagent run {invocation!r}, which already"
+                       " ended in this run; it starts a new invocation")
+        self._open(run, _SUBAGENTS, invocation, None)
+
+    def _subagent_ended(self, run: RunState, event: dict[str, Any]) -> None:
+        invocation = event["subagentRunId"]
+        self._close(run, _SUBAGENTS, invocation, None, None)
+        if run.subagents_done is None:
+            run.subagents_done = {}
+        run.subagents_done[invocation] = None
 
     # --- snapshots and activity ---------------------------------------------------------
 
     def _messages_snapshot(self, run: RunState, event: dict[str, Any]) -> None:
-        history.apply_snapshot(run, event["messages"])
+        restated = history.apply_snapshot(run, event["messages"], self.state.held)
+        # It establishes the owner of each message it carries (events/state), except
+        # of one still streaming: the lane that opened it streams the rest.
+        open_messages = run.open[_REASONING.index].keys() | run.open[_TEXT.index].keys()
+        open_calls = run.open[_TOOL_CALLS.index]
+        for record in restated:
+            owner = record.field("subagentRunId")
+            if record.id not in open_messages and record.role != "activity":
+                ns = _REASONING if record.role == "reasoning" else _TEXT
+                run.owners[ns.index][record.id] = owner
+            for call in record.tool_calls or ():
+                if call.id not in open_calls:
+                    run.owners[_TOOL_CALLS.index][call.id] = owner
 
     def _activity_snapshot(self, run: RunState, event: dict[str, Any]) -> None:
+        """Creates or replaces an activity message (events/activity): a replacing
+        snapshot re-mints its owner and takes its content and type, while the
+        metadata gathered so far keeps merging; `replace: false` leaves an existing
+        one as it stands but for metadata."""
         message_id = event["messageId"]
         previous = run.messages.get(message_id)
-        if previous is not None and previous.role == "activity" and event.get("replace") is False:
-            return
+        metadata = event.get("metadata")
+        if previous is not None and previous.role == "activity":
+            if metadata is not None:
+                previous.metadata = _merged(previous.metadata, metadata)
+            if event.get("replace") is False:
+                return
+            metadata = previous.metadata
         record = MessageRecord(
             message_id, "activity",
             {"activityType": event["activityType"], "content": event["content"]},
         )
         if "subagentRunId" in event:
             record.set_field("subagentRunId", event["subagentRunId"])
-        if "metadata" in event:
-            record.metadata = event["metadata"]
+        if metadata is not None:
+            record.metadata = dict(metadata)
         run.messages[message_id] = record
 
     def _activity_delta(self, run: RunState, event: dict[str, Any]) -> None:
-        record = run.messages.get(event["messageId"])
+        message_id = event["messageId"]
+        record = run.messages.get(message_id)
         if record is None or record.role != "activity":
+            self._warn(WarningCode.ACTIVITY_UNKNOWN_MESSAGE,
+                       f"ACTIVITY_DELTA names {message_id!r}, which is no activity message of"
+                       " the run; the delta was skipped")
             return
+        tag = event.get("subagentRunId")
+        owner = record.field("subagentRunId")
+        if tag is not None and tag != owner:
+            opener = "the parent agent" if owner is None else f"subagent run {owner!r}"
+            raise RunFailure(FailureCode.OWNER_MISMATCH,
+                             f"activity message {message_id!r} belongs to {opener};"
+                             f" subagent run {tag!r} may not amend it")
         patched = apply_patch(record.field("content"), event["patch"])
-        if type(patched) is dict:
-            record.set_field("content", patched)
+        if type(patched) is not dict:  # atomic: a delta that does not apply changes nothing
+            self._warn(WarningCode.ACTIVITY_PATCH_FAILED,
+                       f"ACTIVITY_DELTA for {message_id!r}: the patch does not apply to the"
+                       " activity's content (or leaves no object); the activity is unchanged")
+            return
+        record.set_field("content", patched)
+        record.set_field("activityType", event["activityType"])  # a delta may retype it
         if "metadata" in event:
             record.metadata = _merged(record.metadata, event["metadata"])
 
@@ -941,11 +1201,11 @@ _RULES: Final = {rule.event_type: rule for rule in (
     _Rule("ACTIVITY_DELTA", KeyEngine._activity_delta, _Lanes.KEPT),
     # Steps, subagents and the events that build nothing (section 9). A
     # subagent's end is in the lane of the subagent it ends.
-    _Rule("STEP_STARTED", _opens(_STEPS), _Lanes.OWN),
-    _Rule("STEP_FINISHED", _closes(_STEPS), _Lanes.OWN),
-    _Rule("SUBAGENT_STARTED", _opens(_SUBAGENTS), _Lanes.KEPT),
-    _Rule("SUBAGENT_FINISHED", _closes(_SUBAGENTS), _Lanes.OWN),
-    _Rule("SUBAGENT_ERROR", _closes(_SUBAGENTS), _Lanes.OWN),
+    _Rule("STEP_STARTED", KeyEngine._step_started, _Lanes.OWN),
+    _Rule("STEP_FINISHED", KeyEngine._step_finished, _Lanes.OWN),
+    _Rule("SUBAGENT_STARTED", KeyEngine._subagent_started, _Lanes.KEPT),
+    _Rule("SUBAGENT_FINISHED", KeyEngine._subagent_ended, _Lanes.OWN),
+    _Rule("SUBAGENT_ERROR", KeyEngine._subagent_ended, _Lanes.OWN),
     _Rule("STATE_SNAPSHOT", _ignore, _Lanes.OWN),
     _Rule("STATE_DELTA", _ignore, _Lanes.OWN),
     _Rule("RAW", _ignore, _Lanes.KEPT),
@@ -988,3 +1248,61 @@ def _error_of(event: dict[str, Any]) -> dict[str, Any]:
     if "code" in event:
         error["code"] = event["code"]
     return error
+
+
+# Roles only an agent produces: an input's messages after the last of these are new.
+_AGENT_ROLES: Final = frozenset({"assistant", "reasoning", "activity"})
+# A message record's origin -> the kind of its history entry.
+_ENTRY_KINDS: Final = {BUILT: MESSAGE, FROM_INPUT: INPUT, CONTINUED: CONTINUATION}
+
+
+def _hold(state: KeyState, message_id: str, role: str,
+          tool_calls: list[dict[str, Any]] | None) -> None:
+    """The key's index learns a message (and its tool calls) the thread holds."""
+    if state.held is None:
+        state.held = {}
+    state.held[message_id] = role
+    if tool_calls:
+        if state.held_calls is None:
+            state.held_calls = {}
+        for call in tool_calls:
+            state.held_calls[call["id"]] = [message_id, call["function"]["name"]]
+
+
+def _forget(state: KeyState, message_id: str) -> None:
+    """A snapshot removed a message the key's index held, with its tool calls."""
+    if state.held is not None:
+        state.held.pop(message_id, None)
+    if state.held_calls:
+        for call_id in [c for c, (host, _name) in state.held_calls.items() if host == message_id]:
+            del state.held_calls[call_id]
+
+
+def _finished_outcome(outcome: dict[str, Any] | None) -> tuple[Outcome, dict[str, Any] | None]:
+    """RUN_FINISHED.outcome as the closing record carries it: absent means success."""
+    if outcome is None:
+        return Outcome.SUCCESS, None
+    kind = outcome["type"]
+    if kind == "interrupt":
+        return Outcome.INTERRUPT, {"interrupts": outcome["interrupts"]}
+    if kind == "cancelled":
+        return Outcome.CANCELLED, None
+    pending = outcome.get("pendingToolCallIds")
+    return Outcome.SUCCESS, None if pending is None else {"pendingToolCallIds": pending}
+
+
+def _named_after_its_call(run: RunState, record: MessageRecord) -> bool:
+    """Whether `record` is an assistant message this engine made to hold a tool call
+    that came without parentMessageId (named after the call, no text of its own)."""
+    return (record.role == "assistant" and record.origin == BUILT
+            and run.tool_index.get(record.id) == record.id
+            and record.content_base is None and record.content_slot is None)
+
+
+def _free_id(run: RunState, state: KeyState, wanted: str) -> str:
+    """`wanted`, or `wanted/2`, `wanted/3`… : the first no message of the key has."""
+    candidate, suffix = wanted, 1
+    while candidate in run.messages or (state.held is not None and candidate in state.held):
+        suffix += 1
+        candidate = f"{wanted}/{suffix}"
+    return candidate

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from processors.engine.state import OPEN_KINDS, MessageRecord, RunState, ToolCallRecord
+from processors.engine.state import (
+    CONTINUED,
+    OPEN_KINDS,
+    MessageRecord,
+    RunState,
+    ToolCallRecord,
+)
 
 # Where RunState.open keeps the open messages and tool calls.
 _OPEN_REASONING, _OPEN_TEXT, _OPEN_TOOL = (OPEN_KINDS.index(kind)
                                            for kind in ("reasoning", "text", "tool"))
 
 # Keys a history message takes from its record's own slots, not from `fields`.
-_RECORD_KEYS = frozenset({"id", "role", "content", "toolCalls", "encryptedValue", "metadata"})
+_RECORD_KEYS = frozenset({"id", "role", "content", "toolCalls", "encryptedValue",
+                          "encryptedValueType", "metadata"})
+# Roles a snapshot drops only when it carries one of that role itself (events/state).
+_CLIENT_ONLY_ROLES = frozenset({"reasoning", "activity"})
 
 
 def record_from_wire(message: dict[str, Any]) -> MessageRecord:
@@ -37,42 +46,56 @@ def record_from_wire(message: dict[str, Any]) -> MessageRecord:
             function = call["function"]
             call_record = ToolCallRecord(call["id"], function["name"], function["arguments"])
             call_record.encrypted_value = call.get("encryptedValue")
+            call_record.encrypted_type = call.get("encryptedValueType")
             call_record.metadata = call.get("metadata")
             record.tool_calls.append(call_record)
     record.encrypted_value = message.get("encryptedValue")
+    record.encrypted_type = message.get("encryptedValueType")
     record.metadata = message.get("metadata")
     return record
 
 
-def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
-    """MESSAGES_SNAPSHOT: replace known ids in place, append new ones, drop the rest.
+def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]],
+                   held: dict[str, str] | None) -> list[MessageRecord]:
+    """MESSAGES_SNAPSHOT: replace known ids in place, append new ones, drop the rest;
+    the restated and new records, in the snapshot's order.
 
-    Streamed messages the snapshot does not list are dropped, except reasoning
-    (activity) messages while the snapshot carries none of that role, and
-    messages or tool calls still open (never dropped by a snapshot).
+    Known ids are the run's messages and those earlier runs on the key delivered
+    (`held`, by role): a restated one of those is published whole (it replaces the
+    delivered one in place), an unlisted one is removed (`run.removed`). Messages
+    the snapshot does not list are dropped, except reasoning (activity) messages
+    while the snapshot carries none of that role, and messages or tool calls
+    still open (never dropped by a snapshot).
     """
     incoming = [record_from_wire(m) for m in snapshot]
     listed = {r.id for r in incoming}
-    carries_reasoning = any(r.role == "reasoning" for r in incoming)
-    carries_activity = any(r.role == "activity" for r in incoming)
+    carried = {r.role for r in incoming} & _CLIENT_ONLY_ROLES
     open_messages = run.open[_OPEN_REASONING].keys() | run.open[_OPEN_TEXT].keys()
     open_calls = run.open[_OPEN_TOOL]
     open_call_hosts = {run.tool_index[c] for c in open_calls if c in run.tool_index}
 
-    def survives(record: MessageRecord) -> bool:
-        if record.id in listed or record.id in open_messages or record.id in open_call_hosts:
+    def survives(record_id: str, role: str) -> bool:
+        if record_id in listed or record_id in open_messages or record_id in open_call_hosts:
             return True
-        if record.role == "reasoning":
-            return not carries_reasoning
-        if record.role == "activity":
-            return not carries_activity
-        return False
+        return role in _CLIENT_ONLY_ROLES and role not in carried
 
-    by_id = {mid: record for mid, record in run.messages.items() if survives(record)}
+    by_id: dict[str, MessageRecord] = {}
+    for mid, record in run.messages.items():
+        if survives(mid, record.role):
+            by_id[mid] = record
+        elif record.origin == CONTINUED:  # a delivered message, continued by this run
+            _remove(run, mid)
+    if held:
+        removed = run.removed or ()
+        for mid, role in held.items():
+            if mid not in run.messages and mid not in removed and not survives(mid, role):
+                _remove(run, mid)
     for record in incoming:
         previous = by_id.get(record.id)
         if previous is not None:
             _keep_open_calls(previous, record, open_calls)
+        if run.removed and record.id in run.removed and record.id not in by_id:
+            run.removed.remove(record.id)  # dropped by an earlier snapshot, restated again
         by_id[record.id] = record  # a restated message keeps its place, a new one goes last
     run.messages = by_id
     run.tool_index = {
@@ -80,6 +103,14 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]]) -> None:
         for record in by_id.values()
         for call in record.tool_calls or ()
     }
+    return incoming
+
+
+def _remove(run: RunState, message_id: str) -> None:
+    if run.removed is None:
+        run.removed = [message_id]
+    elif message_id not in run.removed:
+        run.removed.append(message_id)
 
 
 def _keep_open_calls(
@@ -120,6 +151,8 @@ def to_message(record: MessageRecord, texts: dict[int, str]) -> dict[str, Any]:
         message["toolCalls"] = [_to_tool_call(call, texts) for call in record.tool_calls]
     if record.encrypted_value is not None:
         message["encryptedValue"] = record.encrypted_value
+        if record.encrypted_type is not None:
+            message["encryptedValueType"] = record.encrypted_type
     if record.metadata is not None:
         message["metadata"] = record.metadata
     return message
@@ -136,6 +169,8 @@ def _to_tool_call(call: ToolCallRecord, texts: dict[int, str]) -> dict[str, Any]
     }
     if call.encrypted_value is not None:
         tool_call["encryptedValue"] = call.encrypted_value
+        if call.encrypted_type is not None:
+            tool_call["encryptedValueType"] = call.encrypted_type
     if call.metadata is not None:
         tool_call["metadata"] = call.metadata
     return tool_call
@@ -164,3 +199,14 @@ def add_tool_result(run: RunState, record: MessageRecord, tool_call_id: str) -> 
         items = list(messages.items())
         items.insert(position, (record.id, record))
         run.messages = dict(items)
+
+
+def rename(run: RunState, record: MessageRecord, new_id: str) -> None:
+    """Give a message of the run another id, keeping its place and its tool calls."""
+    old_id = record.id
+    record.id = new_id
+    run.messages = {(new_id if mid == old_id else mid): message
+                    for mid, message in run.messages.items()}
+    for call_id, host in run.tool_index.items():
+        if host == old_id:
+            run.tool_index[call_id] = new_id

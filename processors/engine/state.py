@@ -29,8 +29,16 @@ class ChunkKind(StrEnum):
     TOOL = "tool"
 
 
+# Where a message record came from, which decides how its history entry folds
+# (processors.engine.decisions): built (or restated) by the run, a message of
+# RUN_STARTED.input new to the thread, or what the run added to a message an
+# earlier run on the key delivered.
+BUILT, INPUT, CONTINUED = 0, 1, 2
+
+
 class ToolCallRecord:
-    __slots__ = ("args_base", "args_slot", "encrypted_value", "id", "metadata", "name")
+    __slots__ = ("args_base", "args_slot", "continued", "encrypted_type", "encrypted_value",
+                 "id", "metadata", "name", "parent")
 
     def __init__(self, call_id: str, name: str, args_base: str = "") -> None:
         self.id = call_id
@@ -38,24 +46,32 @@ class ToolCallRecord:
         self.args_base = args_base
         self.args_slot: int | None = None
         self.encrypted_value: str | None = None
+        self.encrypted_type: str | None = None  # encryptedValueType, replaced with the value
         self.metadata: dict[str, Any] | None = None
+        self.parent: str | None = None  # the parentMessageId its opener gave (chunk conflicts)
+        self.continued = False  # a call an earlier run delivered, reopened: args append
 
     def to_list(self) -> list[Any]:
-        return [self.id, self.name, self.args_base, self.args_slot, self.encrypted_value,
+        data = [self.id, self.name, self.args_base, self.args_slot, self.encrypted_value,
                 self.metadata]
+        if self.encrypted_type is not None or self.parent is not None or self.continued:
+            data += (self.encrypted_type, self.parent, self.continued)
+        return data
 
     @classmethod
     def from_list(cls, data: list[Any]) -> ToolCallRecord:
         record = cls(data[0], data[1], data[2])
         record.args_slot, record.encrypted_value, record.metadata = data[3], data[4], data[5]
+        if len(data) > 6:  # stored before AG-UI 1.1: none of these
+            record.encrypted_type, record.parent, record.continued = data[6], data[7], data[8]
         return record
 
 
 class MessageRecord:
     """One history message. Text is `content_base` + the fragments of `content_slot`."""
 
-    __slots__ = ("content_base", "content_slot", "encrypted_value", "fields", "id",
-                 "metadata", "role", "tool_calls")
+    __slots__ = ("content_base", "content_slot", "encrypted_type", "encrypted_value", "fields",
+                 "id", "metadata", "origin", "role", "tool_calls")
 
     def __init__(self, message_id: str, role: str, fields: dict[str, Any] | None = None) -> None:
         self.id = message_id
@@ -70,7 +86,9 @@ class MessageRecord:
         self.content_slot: int | None = None
         self.tool_calls: list[ToolCallRecord] | None = None
         self.encrypted_value: str | None = None
+        self.encrypted_type: str | None = None  # encryptedValueType, replaced with the value
         self.metadata: dict[str, Any] | None = None
+        self.origin = BUILT
 
     def field(self, key: str) -> Any:
         """The value of one of `fields`, None when absent."""
@@ -85,8 +103,11 @@ class MessageRecord:
     def to_list(self) -> list[Any]:
         calls = None if self.tool_calls is None else [c.to_list() for c in self.tool_calls]
         fields = {} if self.fields is None else self.fields  # stored as before: always a dict
-        return [self.id, self.role, fields, self.content_base, self.content_slot, calls,
+        data = [self.id, self.role, fields, self.content_base, self.content_slot, calls,
                 self.encrypted_value, self.metadata]
+        if self.origin != BUILT or self.encrypted_type is not None:
+            data += (self.origin, self.encrypted_type)
+        return data
 
     @classmethod
     def from_list(cls, data: list[Any]) -> MessageRecord:
@@ -96,6 +117,8 @@ class MessageRecord:
             ToolCallRecord.from_list(c) for c in data[5]
         ]
         record.encrypted_value, record.metadata = data[6], data[7]
+        if len(data) > 8:
+            record.origin, record.encrypted_type = data[8], data[9]
         return record
 
 
@@ -107,8 +130,9 @@ OPEN_KINDS = (*NAMESPACES, "step", "subagent")
 
 
 class RunState:
-    __slots__ = ("lanes", "messages", "next_slot", "open", "owners", "run_id", "thread_id",
-                 "tool_index", "warned_fields")
+    __slots__ = ("input_echoed", "lanes", "messages", "next_slot", "open", "owners", "removed",
+                 "run_id", "subagents_done", "thinking", "thread_id", "tool_index",
+                 "warned_fields")
 
     def __init__(self, thread_id: str, run_id: str) -> None:
         self.thread_id = thread_id
@@ -132,9 +156,18 @@ class RunState:
         # (event type as received, JSON pointer) already warned as unknown_field;
         # None until the first (a set is 200 bytes to write per run, and few warn).
         self.warned_fields: set[str] | None = None
+        self.input_echoed = False  # RUN_STARTED carried the run's input
+        # Messages earlier runs on the key delivered that a snapshot of this run dropped,
+        # in order (each a removal entry when the run concludes); None until the first.
+        self.removed: list[str] | None = None
+        # Subagent invocations that finished or errored in this run (`subagent_reused`).
+        self.subagents_done: dict[str, None] | None = None
+        # The compatibility boundary's THINKING_* ids (processors.engine.retired); None
+        # until the run's first retired event.
+        self.thinking: list[Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "thread": self.thread_id,
             "run": self.run_id,
             "open": {kind: list(ids) for kind, ids in zip(OPEN_KINDS, self.open, strict=True)},
@@ -146,6 +179,16 @@ class RunState:
             "slot": self.next_slot,
             "warned": sorted(self.warned_fields or ()),
         }
+        # Written only when set: most runs have none of them.
+        if self.input_echoed:
+            data["echoed"] = True
+        if self.removed:
+            data["removed"] = self.removed
+        if self.subagents_done:
+            data["subagentsDone"] = list(self.subagents_done)
+        if self.thinking is not None:
+            data["thinking"] = self.thinking
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunState:
@@ -158,25 +201,51 @@ class RunState:
         run.tool_index = data["tools"]
         run.next_slot = data["slot"]
         run.warned_fields = set(data["warned"]) or None
+        run.input_echoed = data.get("echoed", False)
+        run.removed = data.get("removed")
+        done = data.get("subagentsDone")
+        run.subagents_done = None if done is None else dict.fromkeys(done)
+        run.thinking = data.get("thinking")
         return run
 
 
 class KeyState:
-    """Everything the engine remembers about one run key between records."""
+    """Everything the engine remembers about one run key between records.
 
-    __slots__ = ("phase", "run")
+    Besides the active run, what the key's earlier runs delivered (AG-UI 1.1: across
+    runs within a stream, messages accumulate): each message's role by id and each
+    tool call's host and name, so a later run can continue, restate or remove them
+    (never their text: that is published already). And the identity of the last
+    run that finished, which a late RUN_ERROR turns into an error.
+    """
+
+    __slots__ = ("held", "held_calls", "last", "phase", "run")
 
     def __init__(self, phase: Phase = Phase.FRESH, run: RunState | None = None) -> None:
         self.phase = phase
         self.run = run
+        # None until the key's first run delivers something (most keys carry one run).
+        self.held: dict[str, str] | None = None  # message id -> role
+        self.held_calls: dict[str, list[str]] | None = None  # call id -> [host id, name]
+        self.last: list[str] | None = None  # [threadId, runId] of the run that finished last
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {"phase": self.phase.value, "run": None if self.run is None else self.run.to_dict()}
-        )
+        data: dict[str, Any] = {"phase": self.phase.value,
+                                "run": None if self.run is None else self.run.to_dict()}
+        if self.held:
+            data["held"] = self.held
+        if self.held_calls:
+            data["calls"] = self.held_calls
+        if self.last is not None:
+            data["last"] = self.last
+        return orjson.dumps(data)
 
     @classmethod
     def from_json(cls, data: bytes) -> KeyState:
         decoded = orjson.loads(data)
         run = decoded["run"]
-        return cls(Phase(decoded["phase"]), None if run is None else RunState.from_dict(run))
+        state = cls(Phase(decoded["phase"]), None if run is None else RunState.from_dict(run))
+        state.held = decoded.get("held")
+        state.held_calls = decoded.get("calls")
+        state.last = decoded.get("last")
+        return state

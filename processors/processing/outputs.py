@@ -1,9 +1,11 @@
 """From the engine's decisions about one input record to output records and metrics.
 
 Pure apart from the metrics it counts: the Faust agent only sends what this
-returns. Every warning and failure becomes one dead-letter record; every
-concluded run becomes its message records and one closing record; history too
-large for the sink is `not_storable` (a warning and a loss per value on it).
+returns. Every warning and failure becomes one dead-letter record; every run
+that ends becomes its history records (docs/topics.md: message, input,
+continuation and removal records) and one closing record, a failed or abandoned
+run only the closing record; history too large for the sink is `not_storable`
+(a warning and a loss per value on it).
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from processors.engine.codes import LossReason, WarningCode
+from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
 from processors.engine.decisions import (
+    REMOVAL,
     Concluded,
     Discarded,
     EncryptedLost,
@@ -28,7 +31,9 @@ from processors.metrics import Metrics
 from topics.records import (
     DeadLetter,
     HistoryMessage,
+    HistoryRemoval,
     HistoryRun,
+    RunFailure,
     SourceCoordinates,
 )
 from topics.redaction import redact_event
@@ -92,11 +97,19 @@ class OutputBuilder:
                 metrics.encrypted_content_lost.labels(decision.reason.value).inc()
             elif isinstance(decision, Failed):
                 metrics.run_failures.labels(decision.code.value).inc()
-                metrics.runs.labels("failed").inc()
+                outcome = (Outcome.ABANDONED if decision.code is FailureCode.RUN_ABANDONED
+                           else Outcome.FAILED)
+                metrics.runs.labels(outcome.value).inc()
                 out.append(self._dead_letter("failure", decision.code.value, decision.reason,
                                              decision.run, record, tenant))
+                if decision.run is not None:  # a run ended: its closing record says how
+                    out.append(self._closing(tenant, decision.run, HistoryRun(
+                        tenant=tenant, threadId=decision.run.thread_id,
+                        runId=decision.run.run_id, outcome=outcome.value, messageCount=0,
+                        failure=RunFailure(code=decision.code.value))))
             elif isinstance(decision, Concluded):
-                metrics.runs.labels(decision.outcome.value).inc()
+                if not decision.late:  # a late error was counted when the run finished
+                    metrics.runs.labels(decision.outcome.value).inc()
                 out.extend(self._history(decision, record, tenant))
             elif isinstance(decision, Discarded):
                 metrics.discarded_events.inc()
@@ -121,23 +134,37 @@ class OutputBuilder:
         run = concluded.run
         thread_id = None if run is None else run.thread_id
         run_id = None if run is None else run.run_id
-        key = f"{tenant}/{thread_id if thread_id is not None else ''}".encode()
+        key = _history_key(tenant, thread_id)
         published: list[Outgoing] = []
         dead_letters: list[Outgoing] = []
-        for message in concluded.messages:
-            value = HistoryMessage.encode(tenant, thread_id, run_id, len(published), message)
+        for entry in concluded.entries:
+            seq = len(published)
+            if entry.kind == REMOVAL:
+                value = HistoryRemoval(tenant=tenant, threadId=thread_id, runId=run_id,
+                                       seq=seq, messageId=entry.message["id"]).to_bytes()
+            else:
+                value = HistoryMessage.encode(tenant, thread_id, run_id, seq, entry.message,
+                                              entry.kind)  # type: ignore[arg-type]
             if len(value) + len(key) > self.max_record_bytes:
-                dead_letters.append(self._not_storable(message, run, record, tenant))
+                dead_letters.append(self._not_storable(entry.message, run, record, tenant))
                 continue
             published.append(Outgoing(self.history_topic, key, value, []))
+        detail = concluded.detail or {}
         closing = HistoryRun(
-            tenant=tenant, threadId=thread_id, runId=run_id,
-            outcome="success" if concluded.outcome.value == "finished" else "error",
-            messageCount=len(published), usage=concluded.usage, error=concluded.error,
-        ).to_bytes()
-        published.append(Outgoing(self.history_topic, key, closing, []))
-        self.metrics.history_records.inc(len(published))
+            tenant=tenant, threadId=thread_id, runId=run_id, outcome=concluded.outcome.value,
+            messageCount=None if concluded.late else len(published),
+            pendingToolCallIds=detail.get("pendingToolCallIds"),
+            interrupts=detail.get("interrupts"), usage=concluded.usage, error=concluded.error,
+            inputEchoed=concluded.input_echoed, late=True if concluded.late else None,
+        )
+        published.append(self._closing(tenant, run, closing))
+        self.metrics.history_records.inc(len(published) - 1)  # _closing counted its own
         return [*dead_letters, *published]
+
+    def _closing(self, tenant: str, run: RunIdentity | None, closing: HistoryRun) -> Outgoing:
+        self.metrics.history_records.inc()
+        key = _history_key(tenant, None if run is None else run.thread_id)
+        return Outgoing(self.history_topic, key, closing.to_bytes(), [])
 
     def _not_storable(self, message: dict[str, Any], run: RunIdentity | None, record: Incoming,
                       tenant: str) -> Outgoing:
@@ -185,6 +212,11 @@ class OutputBuilder:
             *record.headers,
         ]
         return Outgoing(self.deadletter_topic, record.key, value, headers)
+
+
+def _history_key(tenant: str, thread_id: str | None) -> bytes:
+    """A thread's history records are keyed `<tenant>/<threadId>` (docs/topics.md)."""
+    return f"{tenant}/{thread_id if thread_id is not None else ''}".encode()
 
 
 def _offending(value: bytes) -> tuple[Any, str | None]:

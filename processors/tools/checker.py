@@ -1,8 +1,9 @@
 """The offline checker: one run key's events from a JSON-lines file, judged.
 
 The same engine as the service. It streams: records are judged as they
-arrive and each run's result is printed as soon as the run concludes, so
-memory follows the open run, not the file.
+arrive and each run's result is printed as soon as the run concludes (a run
+that finished, once the next record shows no late RUN_ERROR turns it into an
+error), so memory follows the open run, not the file.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, BinaryIO, TextIO
 import orjson
 
 from processors.engine.decisions import (
+    CONTINUATION,
+    REMOVAL,
     Concluded,
     Discarded,
     EncryptedLost,
@@ -40,16 +43,46 @@ class RunReport:
     warning_reasons: list[str] = field(default_factory=list)
     lost: list[dict[str, Any]] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
+    # AG-UI 1.1: how the run ended as its closing record says, and what goes with it.
+    ending: str | None = None
+    detail: dict[str, Any] | None = None  # pendingToolCallIds or interrupts
+    input_echoed: bool | None = None
+    late_line: int | None = None  # the late RUN_ERROR that turned it into an error
+    updates: list[dict[str, Any]] = field(default_factory=list)  # continuations, removals
 
     def as_json(self) -> dict[str, Any]:
         """The conformance corpus's shape (tests/conformance/README.md)."""
-        return {
+        report: dict[str, Any] = {
             "outcome": self.outcome,
             "failure": self.failure,
             "warnings": self.warnings,
             "lostEncrypted": self.lost,
             "messages": self.messages,
         }
+        if self.ending is not None:
+            report["ending"] = self.ending
+        if self.detail:
+            report.update(self.detail)
+        if self.input_echoed is not None:
+            report["inputEchoed"] = self.input_echoed
+        if self.late_line is not None:
+            report["lateError"] = {"line": self.late_line}
+        if self.updates:
+            report["updates"] = self.updates
+        return report
+
+    def conclude(self, concluded: Concluded) -> None:
+        self.outcome = "error" if concluded.outcome.value == "error" else "finished"
+        self.ending = concluded.outcome.value
+        self.detail = concluded.detail
+        self.input_echoed = concluded.input_echoed
+        self.run = concluded.run
+        self.messages = concluded.messages
+        self.updates = [
+            {"kind": entry.kind, "messageId": entry.message["id"]} if entry.kind == REMOVAL
+            else {"kind": entry.kind, "message": entry.message}
+            for entry in concluded.entries if entry.kind in (CONTINUATION, REMOVAL)
+        ]
 
 
 @dataclass(slots=True)
@@ -96,12 +129,22 @@ def check_records(
     """Feed records to one engine; yield a report as each run concludes."""
     engine = KeyEngine()
     pending = RunReport("open", 1, 0)
+    finished: RunReport | None = None  # held back until no late RUN_ERROR can follow
     started = time.monotonic()
     next_progress = started + 2.0
     line = 0
     feed = engine.feed
     for line, raw in enumerate(records, start=1):
-        for decision in feed(raw).decisions:
+        decisions = feed(raw).decisions
+        if finished is not None:
+            if any(isinstance(d, Concluded) and d.late for d in decisions):
+                _late_error(finished, decisions, line)
+                yield finished
+                finished = None
+                continue
+            yield finished
+            finished = None
+        for decision in decisions:
             if isinstance(decision, Warned):
                 pending.warnings.append({"code": decision.code.value, "line": line})
                 pending.warning_reasons.append(decision.reason)
@@ -119,11 +162,12 @@ def check_records(
                     totals.failed += 1
                 else:
                     assert isinstance(decision, Concluded)
-                    pending.outcome = decision.outcome.value
-                    pending.messages = decision.messages
-                    pending.run = decision.run
+                    pending.conclude(decision)
                 totals.runs += 1
-                yield pending
+                if pending.outcome == "finished":
+                    finished = pending
+                else:
+                    yield pending
                 pending = RunReport("open", line + 1, line)
         if progress is not None and line % 4096 == 0 and time.monotonic() >= next_progress:
             elapsed = time.monotonic() - started
@@ -133,6 +177,8 @@ def check_records(
     totals.lines = line
     if progress is not None and line >= 4096:
         progress.write("\n")
+    if finished is not None:
+        yield finished
     run = engine.state.run
     if run is not None or pending.warnings or pending.lost:
         pending.last_line = line
@@ -140,6 +186,16 @@ def check_records(
             pending.run = RunIdentity(run.thread_id, run.run_id)
             totals.runs += 1
         yield pending
+
+
+def _late_error(report: RunReport, decisions: Iterable[Any], line: int) -> None:
+    """A late RUN_ERROR (events/lifecycle): the finished run is an error run now."""
+    for decision in decisions:
+        if isinstance(decision, Warned):
+            report.warnings.append({"code": decision.code.value, "line": line})
+            report.warning_reasons.append(decision.reason)
+    report.outcome = report.ending = "error"
+    report.late_line = report.last_line = line
 
 
 def write_json(reports: Iterable[RunReport], out: BinaryIO) -> None:
@@ -160,8 +216,14 @@ def write_human(reports: Iterable[RunReport], out: TextIO) -> None:
             f" thread {report.run.thread_id!r} run {report.run.run_id!r}"
         )
         headline = report.outcome.upper()
+        if report.ending in ("interrupt", "cancelled"):
+            headline += f" ({report.ending})"
         if report.outcome in ("finished", "error"):
             headline += f", {len(report.messages)} message(s)"
+            if report.updates:
+                headline += f", {len(report.updates)} update(s) to earlier runs' messages"
+            if report.late_line is not None:
+                headline += f"; failed after it finished (late RUN_ERROR, line {report.late_line})"
         elif report.outcome == "open":
             headline += " (no terminal event yet)"
         out.write(f"{headline} —{who} ({where})\n")

@@ -102,12 +102,16 @@ class RunModel:
         self.closed_reasoning: list[str] = []
         self.lanes: dict[str | None, tuple[str, str]] = {}  # lane -> (kind, id)
         self.owner: dict[tuple[str, str], str | None] = {}
+        self.subagents_done: set[str] = set()  # an invocation id is not reused in a run
 
     # --- helpers ---------------------------------------------------------------------
 
     def fresh(self, prefix: str) -> str:
+        # Ids never repeat across the runs of a key: messages accumulate across runs
+        # (AG-UI 1.1), so a repeated id would continue the earlier run's message.
         self.counter += 1
-        return f"{prefix}{self.counter}"
+        suffix = "" if self.run == 0 else f"r{self.run}"
+        return f"{prefix}{self.counter}{suffix}"
 
     def emit(self, event: dict[str, Any], kind: str = "other") -> None:
         self.out.append(Emitted(event, kind, self.run))
@@ -429,7 +433,7 @@ class RunModel:
 
     def do_sub_start(self) -> None:
         sid = self.draw(st.sampled_from(["A", "B", "C"]))
-        if sid in self.open["subagent"]:
+        if sid in self.open["subagent"] or sid in self.subagents_done:
             return
         self.open["subagent"][sid] = None
         self.emit({"type": "SUBAGENT_STARTED", "subagentRunId": sid, "name": "helper"},
@@ -438,6 +442,7 @@ class RunModel:
     def do_sub_end(self) -> None:
         sid = self.draw(st.sampled_from(sorted(self.open["subagent"])))
         del self.open["subagent"][sid]
+        self.subagents_done.add(sid)
         self.touch(sid, "SUBAGENT_FINISHED")
         event_type = self.draw(st.sampled_from(["SUBAGENT_FINISHED", "SUBAGENT_ERROR"]))
         event = {"type": event_type, "subagentRunId": sid}
@@ -569,7 +574,7 @@ def test_valid_runs_accepted_and_reassembled(key: Key) -> None:
     decisions = [d for s in steps for d in s.decisions]
     assert all(isinstance(d, Concluded) for d in decisions), decisions
     concluded = [d for d in decisions if isinstance(d, Concluded)]
-    assert [c.outcome.value for c in concluded] == ["finished"] * len(key.expected)
+    assert [c.outcome.value for c in concluded] == ["success"] * len(key.expected)
     for got, want in zip(concluded, key.expected, strict=True):
         assert got.messages == want
         for message in got.messages:

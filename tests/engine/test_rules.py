@@ -31,6 +31,7 @@ from tests.engine_helpers import (
     r_end,
     r_start,
     raw_event,
+    reasoning,
     run_error,
     run_finished,
     run_started,
@@ -51,15 +52,8 @@ from tests.engine_helpers import (
     tc_end,
     tc_result,
     tc_start,
+    text,
 )
-
-
-def reasoning(mid: str, *deltas: str, **kw: Any) -> list[dict[str, Any]]:
-    return [r_start(mid, **kw), *(r_content(mid, d) for d in deltas), r_end(mid)]
-
-
-def text(mid: str, *deltas: str, **kw: Any) -> list[dict[str, Any]]:
-    return [t_start(mid, **kw), *(t_content(mid, d) for d in deltas), t_end(mid)]
 
 
 def fails_at(replay: Any, line: int, code: str) -> None:
@@ -254,7 +248,7 @@ def test_run_level_events_reject_subagent_tag_as_unknown_field() -> None:
     # subagentRunId is a base field of attributable events only (section 1).
     replay = play(run_started(subagentRunId="s"), run_finished())
     assert replay.warning_codes == ["unknown_field"]
-    assert replay.concluded[0].outcome.value == "finished"
+    assert replay.concluded[0].outcome.value == "success"
 
 
 # =====================================================================================
@@ -270,9 +264,8 @@ def test_unknown_event_type_dropped_with_warning() -> None:
     assert replay.steps[4].event_type == "unknown"
 
 
-@pytest.mark.parametrize("event_type", ["THINKING_START", "THINKING_TEXT_MESSAGE_CONTENT",
-                                        "THINKING_END", "thinking_start", "run_started"])
-def test_retired_and_misspelled_types_are_unknown(event_type: str) -> None:
+@pytest.mark.parametrize("event_type", ["THINKING_STARTED", "thinking_start", "run_started"])
+def test_misspelled_types_are_unknown(event_type: str) -> None:
     replay = play_run({"type": event_type, "delta": "x"})
     assert replay.warnings == [(2, "unknown_event_type")]
     assert replay.messages == []
@@ -374,7 +367,7 @@ def test_unknown_member_in_optional_position_removes_key() -> None:
     replay = play(run_started(), run_finished(outcome={"type": "partial", "why": "x"}))
     assert replay.warnings == [(2, "unknown_member")]
     assert replay.failures == []
-    assert replay.concluded[0].outcome.value == "finished"
+    assert replay.concluded[0].outcome.value == "success"
 
 
 def test_unknown_member_in_required_position_removes_containing_value() -> None:
@@ -426,7 +419,7 @@ def test_protocol_version_not_newer_is_silent(version: str) -> None:
 def test_protocol_version_newer_or_foreign_warns_and_proceeds(version: str) -> None:
     replay = play(run_started(protocolVersion=version), *text("m", "x"), run_finished())
     assert replay.warnings == [(1, "protocol_version")]
-    assert replay.concluded[0].outcome.value == "finished"
+    assert replay.concluded[0].outcome.value == "success"
     warned = replay.steps[0].decisions[0]
     assert isinstance(warned, Warned) and warned.run is not None  # attributed to the run
 
@@ -444,7 +437,7 @@ def test_first_event_must_be_run_started(event: dict[str, Any]) -> None:
     fails_at(replay, 1, "run_not_started")
     failed = replay.steps[0].decisions[-1]
     assert isinstance(failed, Failed) and failed.run is None
-    assert replay.concluded[0].outcome.value == "finished"  # RUN_STARTED starts fresh
+    assert replay.concluded[0].outcome.value == "success"  # RUN_STARTED starts fresh
 
 
 def test_run_error_as_first_event_is_a_run_of_its_own() -> None:
@@ -452,7 +445,7 @@ def test_run_error_as_first_event_is_a_run_of_its_own() -> None:
     first, second = replay.concluded
     assert first.outcome.value == "error" and first.run is None and first.messages == []
     assert first.error == {"message": "could not start", "code": "BOOT"}
-    assert second.outcome.value == "finished"
+    assert second.outcome.value == "success"
 
 
 def test_run_started_while_active_fails_and_starts_nothing() -> None:
@@ -484,10 +477,11 @@ def test_after_run_finished_only_run_started_or_late_run_error() -> None:
     fails_at(play(*in_run(), run_finished()), 3, "run_already_ended")
 
 
-def test_late_run_error_after_finished_is_silent() -> None:
+def test_late_run_error_after_finished_turns_the_run_into_an_error() -> None:
     replay = play(*in_run(*text("m", "x")), run_error("late"))
-    assert not replay.steps[5].decisions
-    assert len(replay.concluded) == 1
+    assert replay.warnings == [(6, "late_run_error")]
+    assert [(c.outcome.value, c.late) for c in replay.concluded] == [("success", False),
+                                                                     ("error", True)]
     # ... but only one: after a RUN_ERROR only RUN_STARTED may follow.
     replay = play(*in_run(), run_error("late"), run_error("later"))
     fails_at(replay, 4, "run_already_ended")
@@ -498,7 +492,7 @@ def test_late_run_error_after_finished_is_silent() -> None:
 def test_after_run_error_only_run_started(event: dict[str, Any]) -> None:
     replay = play(run_started(), run_error(), event, run_started("r2"), run_finished("r2"))
     fails_at(replay, 3, "run_already_ended")
-    assert [c.outcome.value for c in replay.concluded] == ["error", "finished"]
+    assert [c.outcome.value for c in replay.concluded] == ["error", "success"]
 
 
 @pytest.mark.parametrize("finish", [run_finished(run="other"), run_finished(thread="t2")])
@@ -593,7 +587,7 @@ def test_abandon_fails_run_and_loses_held_values() -> None:
     assert engine.state.run is None  # state freed
     assert not engine.abandon().decisions
     replay = play(custom(), run_started("r2"), run_finished("r2"), engine=engine)
-    assert replay.discarded == 1 and replay.concluded[0].outcome.value == "finished"
+    assert replay.discarded == 1 and replay.concluded[0].outcome.value == "success"
 
 
 def test_delta_after_abandon_is_discarded() -> None:
@@ -614,13 +608,15 @@ def test_abandon_without_run_decides_nothing() -> None:
     assert not engine.abandon().decisions
 
 
-def test_several_runs_entities_are_per_run() -> None:
+def test_several_runs_messages_accumulate_across_runs() -> None:
     replay = play(*in_run(span_start("s"), *reasoning("m", "one"), span_end("s")),
                   *in_run(span_start("s"), span_end("s"), enc("m", "v"), run="r2"))
-    assert replay.warnings == [(11, "encrypted_value_unknown_entity")]
-    assert [c.outcome.value for c in replay.concluded] == ["finished", "finished"]
+    assert replay.warnings == []
+    assert [c.outcome.value for c in replay.concluded] == ["success", "success"]
     assert replay.concluded[0].messages == [{"id": "m", "role": "reasoning", "content": "one"}]
-    assert replay.concluded[1].messages == []
+    assert replay.concluded[1].messages == []  # no whole message: a continuation of "m"
+    assert [(e.kind, e.message) for e in replay.concluded[1].entries] == [
+        ("continuation", {"id": "m", "role": "reasoning", "encryptedValue": "v"})]
 
 
 # =====================================================================================
@@ -1120,7 +1116,7 @@ def test_encrypted_value_unknown_entity_warns_and_loses(events: list[dict[str, A
     assert replay.warnings == [(line, "encrypted_value_unknown_entity")]
     assert replay.losses == [(line, "unknown_entity")]
     assert replay.failures == []
-    assert replay.concluded[0].outcome.value == "finished"
+    assert replay.concluded[0].outcome.value == "success"
     assert all("encryptedValue" not in m for m in replay.messages)
 
 
@@ -1287,7 +1283,7 @@ def test_snapshot_tool_call_type_closed_set() -> None:
 
 
 def test_activity_snapshot_and_delta_build_activity_message() -> None:
-    messages = finished_clean(play_run(
+    replay = play_run(
         act_snap("act", {"steps": ["a"]}, subagentRunId="S"),
         act_delta("act", [{"op": "add", "path": "/steps/-", "value": "b"},
                           {"op": "add", "path": "/done", "value": False}]),
@@ -1295,7 +1291,9 @@ def test_activity_snapshot_and_delta_build_activity_message() -> None:
                           {"op": "replace", "path": "/done", "value": "x"}]),
         act_snap("act", {"ignored": True}, replace=False),
         act_delta("missing", [{"op": "add", "path": "/x", "value": 1}]),
-    ))
+    )
+    assert replay.warnings == [(4, "activity_patch_failed"), (6, "activity_unknown_message")]
+    messages = replay.messages
     assert messages == [{"id": "act", "role": "activity", "activityType": "plan",
                          "content": {"steps": ["a", "b"], "done": False},
                          "subagentRunId": "S"}]
@@ -1303,14 +1301,17 @@ def test_activity_snapshot_and_delta_build_activity_message() -> None:
     assert replaced[0]["content"] == {"b": 2}
 
 
-def test_run_started_input_is_not_republished_nor_entities() -> None:
+def test_run_started_input_tail_is_history_and_every_input_message_an_entity() -> None:
     replay = play(
         run_started(input={"threadId": "t1", "runId": "r1", "messages": [
             {"id": "old-r", "role": "reasoning", "content": "earlier", "encryptedValue": "e"},
             {"id": "old-u", "role": "user", "content": "q"}]}),
         enc("old-r", "again"), *text("a", "x"), run_finished())
-    assert replay.warnings == [(2, "encrypted_value_unknown_entity")]
-    assert replay.messages == [{"id": "a", "role": "assistant", "content": "x"}]
+    assert replay.warnings == []
+    assert [(e.kind, e.message) for e in replay.concluded[0].entries] == [
+        ("input", {"id": "old-u", "role": "user", "content": "q"}),
+        ("continuation", {"id": "old-r", "role": "reasoning", "encryptedValue": "again"}),
+        ("message", {"id": "a", "role": "assistant", "content": "x"})]
 
 
 def test_concluded_carries_usage_and_messages_parse() -> None:
@@ -1431,8 +1432,8 @@ def test_stored_state_of_the_previous_layout_loads() -> None:
               r_end("b"), tc_result("res", "c")]
     tail = [tc_result("res2", "c"), run_finished()]
     content = InMemoryContentStore()
-    for slot, text in enumerate(("hi", "{}", "x")):
-        content.fragments(slot).append(text)
+    for slot, fragment in enumerate(("hi", "{}", "x")):
+        content.fragments(slot).append(fragment)
     restored = KeyEngine(KeyState.from_json(_STORED_MID_RUN), content)
     assert restored.state.to_json() == _STORED_MID_RUN
     assert play(*tail, engine=restored).steps == play(*events, *tail).steps[len(events):]
