@@ -69,19 +69,23 @@ def counter(text: str, name: str) -> Counter[str]:
 def summarize(settings: Settings, samples: list[Sample]) -> tuple[bool, str]:
     history = asyncio.run(read_all(settings, settings.history_topic))
     dead = asyncio.run(read_all(settings, settings.deadletter_topic))
-    closing = Counter(str(v.get("outcome")) for v, _ in history if v.get("kind") == "run")
-    messages = sum(1 for v, _ in history if v.get("kind") == "message")
+    closing = [v for v, _ in history if v.get("kind") == "run"]
+    endings = Counter(str(v.get("outcome")) for v in closing if not v.get("late"))
+    late = sum(1 for v in closing if v.get("late"))
+    content = Counter(str(v.get("kind")) for v, _ in history if v.get("kind") != "run")
     failures = Counter(str(v["code"]) for v, _ in dead if v.get("kind") == "failure")
     warnings = Counter(str(v["code"]) for v, _ in dead if v.get("kind") == "warning")
     metrics = scrape(settings.metrics_port)
     lost = counter(metrics, "agui_encrypted_content_lost")
-    concluded = sum(closing.values()) + sum(failures.values())
     lines = [
         f"runs replayed:           {len(samples)} ({sum(len(s.values) for s in samples)} events)",
-        f"runs finished:           {closing.get('finished', 0)}",
-        f"runs ended by RUN_ERROR: {closing.get('error', 0)}",
-        f"runs failed:             {sum(failures.values())}",
-        f"history records:         {messages} messages + {sum(closing.values())} closing records",
+        "runs ended:              " + ", ".join(
+            f"{outcome} {endings[outcome]}" for outcome in
+            ("success", "interrupt", "cancelled", "error", "failed") if endings[outcome])
+        + (f" ({late} of them failed after they finished)" if late else ""),
+        f"history records:         {sum(content.values())} ("
+        + ", ".join(f"{kind} {n}" for kind, n in sorted(content.items()))
+        + f") + {len(closing)} closing records",
         f"dead letters:            {sum(failures.values()) + sum(warnings.values())}",
         *(f"  failure  {code:32} {n}" for code, n in sorted(failures.items())),
         *(f"  warning  {code:32} {n}" for code, n in sorted(warnings.items())),
@@ -89,7 +93,8 @@ def summarize(settings: Settings, samples: list[Sample]) -> tuple[bool, str]:
         *(f"  {reason:41} {n}" for reason, n in sorted(lost.items()) if n),
         f"metrics:                 http://127.0.0.1:{settings.metrics_port}/metrics",
     ]
-    return concluded >= len(samples), "\n".join(lines)
+    # Every sample is one run, and every run that ends gets a closing record.
+    return len(closing) >= sum(s.closing_records for s in samples), "\n".join(lines)
 
 
 def second_turn(settings: Settings, first: Sample, token: str) -> str:
@@ -107,11 +112,13 @@ def second_turn(settings: Settings, first: Sample, token: str) -> str:
     returned = [m.encrypted_value for m in history
                 if m.role == "reasoning" and m.encrypted_value is not None]
     intact = "identical to" if returned == sent else "DIFFERENT from"
-    turn = next_turn(first)
-    start = RunAgentInput(thread_id=thread, run_id=turn.run_id, state={}, tools=[], context=[],
+    run_id = f"{run}-turn2"
+    start = RunAgentInput(thread_id=thread, run_id=run_id, state={}, tools=[], context=[],
                           forwarded_props={}, messages=[*history, UserMessage(
-                              id=f"{turn.run_id}-question", role="user",
+                              id=f"{run_id}-question", role="user",
                               content="And the next step?")])
+    turn = next_turn(first, [m.model_dump(by_alias=True, exclude_none=True)
+                             for m in start.messages])
     asyncio.run(replay(settings, [turn]))
     try:
         after = fetch_thread_messages(base, token, thread, run=turn.run_id)
@@ -122,7 +129,8 @@ def second_turn(settings: Settings, first: Sample, token: str) -> str:
         f"  {thread} ({first.tenant}): {len(history)} messages after {run},"
         f" {len(returned)} encrypted reasoning value(s) {intact} what {run} sent",
         f"  {turn.run_id} started with those {len(start.messages)} messages"
-        f" (RunAgentInput); once it finished, the view holds {len(after)}",
+        f" (RunAgentInput, echoed on RUN_STARTED); once it finished, the view holds"
+        f" {len(after)}, {sum(m.role == 'user' for m in after)} of them the user's",
         f"  curl -H 'Authorization: Bearer {token}' {base}/v1/threads/{thread}/messages",
     ])
 

@@ -26,6 +26,14 @@ class Sample:
     def run_id(self) -> str:
         return self.key.split("/", 1)[1]
 
+    @property
+    def closing_records(self) -> int:
+        """How many closing records the run gets: two when a late RUN_ERROR follows its
+        RUN_FINISHED (the second turns it into an error), else one."""
+        types = [orjson.loads(value).get("type") for value in self.values[-2:]
+                 if value.startswith(b"{")]
+        return 2 if types == ["RUN_FINISHED", "RUN_ERROR"] else 1
+
     def encrypted_values(self) -> list[str]:
         """The encrypted reasoning values the run sends, in order."""
         events = [orjson.loads(value) for value in self.values]
@@ -33,12 +41,23 @@ class Sample:
                 if e.get("type") == "REASONING_ENCRYPTED_VALUE"]
 
 
-def _run(thread: str, run: str, *events: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {"type": "RUN_STARTED", "threadId": thread, "runId": run, "protocolVersion": "1.0"},
-        *events,
-        {"type": "RUN_FINISHED", "threadId": thread, "runId": run},
-    ]
+def _run(thread: str, run: str, *events: dict[str, Any],
+         asked: list[dict[str, Any]] | None = None,
+         outcome: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A run that echoes its input (`asked`: the RunAgentInput's messages) on
+    RUN_STARTED, as AG-UI 1.1 lets producers do so that the history holds the user."""
+    started: dict[str, Any] = {"type": "RUN_STARTED", "threadId": thread, "runId": run,
+                               "protocolVersion": "1.1"}
+    if asked is not None:
+        started["input"] = {"threadId": thread, "runId": run, "messages": asked}
+    finished: dict[str, Any] = {"type": "RUN_FINISHED", "threadId": thread, "runId": run}
+    if outcome is not None:
+        finished["outcome"] = outcome
+    return [started, *events, finished]
+
+
+def _question(message_id: str, text: str) -> dict[str, Any]:
+    return {"id": message_id, "role": "user", "content": text}
 
 
 def _reasoning(message_id: str, *deltas: str) -> list[dict[str, Any]]:
@@ -63,15 +82,17 @@ def _encrypted(entity: str, value: str, subtype: str = "message") -> dict[str, A
             "encryptedValue": value}
 
 
-def next_turn(first: Sample) -> Sample:
+def next_turn(first: Sample, asked: list[dict[str, Any]]) -> Sample:
     """The next run of `first`'s thread, as its agent server would send it: a new
-    run with its own reasoning (and encrypted value) and answer."""
+    run, started from `asked` (the thread's messages and the user's next question,
+    echoed), with its own reasoning (and encrypted value) and answer."""
     run = f"{first.run_id}-turn2"
     events = _run(
         first.thread_id, run,
         *_reasoning(f"r-{run}", "Building on the last answer."),
         _encrypted(f"r-{run}", f"gAAAAB-{run}"),
         *_answer(f"m-{run}", "The next step."),
+        asked=asked,
     )
     return Sample(f"{first.thread_id}/{run}", first.tenant, "second turn",
                   [orjson.dumps(e) for e in events])
@@ -96,6 +117,7 @@ def _valid_runs(count: int) -> list[Sample]:
             {"type": "REASONING_MESSAGE_CHUNK", "messageId": f"r2-{n}", "delta": "Chunked "},
             {"type": "REASONING_MESSAGE_CHUNK", "delta": "reasoning."},
             *_answer(f"m-{n}", f"Answer {n}."),
+            asked=[_question(f"u-{n}", f"What about question {n}?")],
         )
         samples.append(Sample(f"{thread}/{run}", ("acme", "globex")[n % 2],
                               "valid run", [orjson.dumps(e) for e in events]))
@@ -126,6 +148,15 @@ def _broken_runs() -> list[Sample]:
             {"type": "REASONING_END", "messageId": "never-opened"}]),
         ("an undecodable record (undecodable_record)", [
             {"type": "RUN_STARTED", "threadId": thread, "runId": "bytes"}, b"\xff not json"]),
+        ("a run the user stopped (outcome cancelled)", _run(
+            thread, "stopped", *_answer("m1", "Half an ans"), outcome={"type": "cancelled"})),
+        ("a run that failed after it finished (late RUN_ERROR)", [
+            *_run(thread, "late", *_answer("m1", "Done.")),
+            {"type": "RUN_ERROR", "message": "the transport failed while flushing"}]),
+        ("a 0.x producer's THINKING_* events (retired shapes, translated)", _run(
+            thread, "thinking", {"type": "THINKING_TEXT_MESSAGE_START"},
+            {"type": "THINKING_TEXT_MESSAGE_CONTENT", "delta": "Old-style thinking."},
+            {"type": "THINKING_TEXT_MESSAGE_END"})),
     ]
     return [
         Sample(f"{thread}/{n}", "acme", description,

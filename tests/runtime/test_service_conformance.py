@@ -6,8 +6,10 @@ directory exists (otherwise that test is skipped with the reason). Each case
 of the corpus is produced under its own record key and its own tenant (so its
 history has its own thread key), all cases interleaved on a 4-partition topic.
 The history and dead-letter topics are read back with read_committed and
-compared with the expected outcomes; the loss counter is scraped from
-/metrics.
+compared, case by case, with what the offline checker concludes for the same
+lines (tests/engine/test_conformance.py holds the checker to the corpus'
+expected results): the same runs, endings, history records in `seq` order,
+failures, warnings and losses; /metrics agrees with the records.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from typing import Any
 import orjson
 import pytest
 
+from processors.tools.checker import CheckTotals, RunReport, check_records
 from tests.corpora import Corpus, corpus_params
 from tests.service_harness import Namespace, TopicReader, Worker, produce
 
 pytestmark = pytest.mark.kafka
 
 
-def load_cases(corpus: Corpus) -> dict[str, tuple[list[bytes], list[dict[str, Any]]]]:
-    return {case.name: (case.lines(), case.runs) for case in corpus.cases()}
+def load_cases(corpus: Corpus) -> dict[str, tuple[list[bytes], list[RunReport]]]:
+    return {case.name: (case.lines(), list(check_records(case.lines(), CheckTotals())))
+            for case in corpus.cases()}
 
 
 def scraped_counter(text: str, name: str) -> Counter[str]:
@@ -35,6 +39,13 @@ def scraped_counter(text: str, name: str) -> Counter[str]:
     for label, value in re.findall(rf'^{name}_total\{{\w+="([^"]+)"\}} (\S+)$', text, re.M):
         found[label] = int(float(value))
     return found
+
+
+def closing_records(report: RunReport) -> int:
+    """How many closing records the service publishes for what the checker concluded."""
+    if report.outcome == "open" or (report.outcome == "failed" and report.run is None):
+        return 0  # still open, or a record that failed on its own: no run ended
+    return 2 if report.late_line is not None else 1
 
 
 @pytest.mark.parametrize("corpus", corpus_params())
@@ -58,9 +69,8 @@ def test_conformance_corpus_through_the_service(corpus: Corpus, kafka_bootstrap:
         seen[name] += 1
         line_of[(record.partition, record.offset)] = (name, seen[name])
 
-    want_closing = sum(r["outcome"] in ("finished", "error") for _, runs in cases.values()
-                       for r in runs)
-    want_dead = sum((r["outcome"] == "failed") + len(r["warnings"])
+    want_closing = sum(closing_records(r) for _, runs in cases.values() for r in runs)
+    want_dead = sum((r.outcome == "failed") + len(r.warnings)
                     for _, runs in cases.values() for r in runs)
 
     worker = Worker(namespace, tmp_path).start()
@@ -78,15 +88,16 @@ def test_conformance_corpus_through_the_service(corpus: Corpus, kafka_bootstrap:
     assert sum(r.value["kind"] == "run" for r in history) == want_closing
     assert len(dead) == want_dead
 
-    runs_by_tenant: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    messages_by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    closings: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    content: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in history:
         value = record.value
+        assert value["schema"] == "agui.history.v2"
         assert record.key == f"{value['tenant']}/{value.get('threadId', '')}".encode()
-        if value["kind"] == "message":
-            messages_by_run[(value["tenant"], value.get("runId", ""))].append(value)
+        if value["kind"] == "run":
+            closings[value["tenant"]].append(value)
         else:
-            runs_by_tenant[value["tenant"]].append(value)
+            content[(value["tenant"], value.get("runId", ""))].append(value)
     failures: dict[str, list[dict[str, Any]]] = defaultdict(list)
     warnings: dict[str, Counter[tuple[str, int]]] = defaultdict(Counter)
     for record in dead:
@@ -102,37 +113,56 @@ def test_conformance_corpus_through_the_service(corpus: Corpus, kafka_bootstrap:
             warnings[name][(value["code"], line)] += 1
 
     for name, (_, runs) in cases.items():
-        want_concluded = [(r["outcome"], r["messages"]) for r in runs
-                          if r["outcome"] in ("finished", "error")]
-        got_concluded = []
-        for got in runs_by_tenant.get(name, []):
-            published = sorted(messages_by_run[(name, got.get("runId", ""))],
-                               key=lambda m: m["seq"])
+        want_runs = []
+        for report in runs:
+            if not closing_records(report):
+                continue
+            ending = "failed" if report.outcome == "failed" else report.ending
+            want_runs.append((ending, report.late_line is not None, report.messages,
+                              report.updates, report.input_echoed))
+        got_runs = []
+        for got in closings.get(name, []):
+            if got.get("late"):
+                continue  # checked with the run it turns into an error, below
+            published = sorted(content[(name, got.get("runId", ""))], key=lambda m: m["seq"])
             assert got["messageCount"] == len(published), name
-            got_concluded.append((got["outcome"], [m["message"] for m in published]))
-        if len({r.get("threadId") for r in runs_by_tenant.get(name, [])}) > 1:
+            late = [c for c in closings[name] if c.get("late") and c.get("runId") == got.get(
+                "runId") and c.get("threadId") == got.get("threadId")]
+            got_runs.append((
+                "error" if late else got["outcome"],
+                bool(late),
+                [r["message"] for r in published if r["kind"] in ("message", "input")],
+                [{"kind": r["kind"], "messageId": r["messageId"]} if r["kind"] == "removal"
+                 else {"kind": r["kind"], "message": r["message"]}
+                 for r in published if r["kind"] in ("continuation", "removal")],
+                got.get("inputEchoed"),
+            ))
+        if len({r.get("threadId") for r in closings.get(name, [])}) > 1:
             # History is ordered per key (tenant/thread) only; runs of several threads
             # (a thread-less RUN_ERROR, say) are compared without their order.
-            want_concluded.sort(key=orjson.dumps)
-            got_concluded.sort(key=orjson.dumps)
-        assert got_concluded == want_concluded, name
-        assert failures.get(name, []) == [r["failure"] for r in runs if r["outcome"] == "failed"]
+            want_runs.sort(key=orjson.dumps)
+            got_runs.sort(key=orjson.dumps)
+        assert got_runs == want_runs, name
+        assert failures.get(name, []) == [r.failure for r in runs if r.outcome == "failed"]
         assert warnings.get(name, Counter()) == Counter(
-            (w["code"], w["line"]) for r in runs for w in r["warnings"]), name
+            (w["code"], w["line"]) for r in runs for w in r.warnings), name
 
     want_lost = Counter(loss["reason"] for _, runs in cases.values() for r in runs
-                        for loss in r["lostEncrypted"])
+                        for loss in r.lost)
     assert scraped_counter(metrics, "agui_encrypted_content_lost") == want_lost
-    # The rest of /metrics agrees with what was published.
-    want_outcomes = Counter(r["outcome"] for _, runs in cases.values() for r in runs
-                            if r["outcome"] != "open")
-    assert scraped_counter(metrics, "agui_runs") == want_outcomes
+    # The rest of /metrics agrees with what was published: a run is counted once, by
+    # how it ended first (a late error is a warning), a record failing on its own too.
+    want_outcomes = Counter(value["outcome"] for values in closings.values()
+                            for value in values if not value.get("late"))
+    want_outcomes["failed"] += sum(r.outcome == "failed" and r.run is None
+                                   for _, runs in cases.values() for r in runs)
+    assert scraped_counter(metrics, "agui_runs") == +want_outcomes
     assert scraped_counter(metrics, "agui_deadletter_records") == Counter(
         r.value["kind"] for r in dead)
     assert scraped_counter(metrics, "agui_warnings") == Counter(
-        w["code"] for _, runs in cases.values() for r in runs for w in r["warnings"])
+        w["code"] for _, runs in cases.values() for r in runs for w in r.warnings)
     assert scraped_counter(metrics, "agui_run_failures") == Counter(
-        r["failure"]["code"] for _, runs in cases.values() for r in runs if r["failure"])
+        r.failure["code"] for _, runs in cases.values() for r in runs if r.failure)
     assert f"agui_history_records_total {float(len(history))}" in metrics
     assert sum(scraped_counter(metrics, "agui_events").values()) == len(produced)
     assert_dashboard_and_alerts_match(metrics)

@@ -157,4 +157,4 @@ def test_the_metrics_page_exports_the_worker_registry() -> None:
     feed_run(jobs, 1, b"run-1")
     content_type, body = asyncio.run(jobs.metrics_page(Page(), None))
     assert content_type == "text/plain"
-    assert b'agui_runs_total{outcome="finished"} 1.0' in body
+    assert b'agui_runs_total{outcome="success"} 1.0' in body
