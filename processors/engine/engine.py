@@ -415,10 +415,13 @@ class KeyEngine:
 
     def _run_finished(self, run: RunState, event: dict[str, Any]) -> None:
         if event["threadId"] != run.thread_id or event["runId"] != run.run_id:
+            # The known cause of a runId alone differing, for the operator who reads it.
+            hint = ("; LangGraph's AG-UI adapter before 0.0.38 echoes a wrong runId on"
+                    " every run: upgrade it" if event["threadId"] == run.thread_id else "")
             raise RunFailure(
                 FailureCode.RUN_ID_MISMATCH,
                 f"RUN_FINISHED names thread {event['threadId']!r} run {event['runId']!r};"
-                f" RUN_STARTED named thread {run.thread_id!r} run {run.run_id!r}",
+                f" RUN_STARTED named thread {run.thread_id!r} run {run.run_id!r}{hint}",
             )
         if any(run.open):
             still_open = [

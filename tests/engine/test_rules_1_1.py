@@ -450,3 +450,9 @@ def test_r_start_on_an_earlier_text_message_continues_it_with_its_role() -> None
     replay = two_runs([*text("m", "a")], [r_start("m"), r_content("m", "b"), r_end("m")])
     assert entries(replay.concluded[1]) == [("continuation", {
         "id": "m", "role": "assistant", "content": "b"})]
+
+
+def test_a_run_id_mismatch_names_its_known_cause() -> None:
+    replay = play(run_started(), run_finished(run="r-other"))
+    assert replay.failure_codes == ["run_id_mismatch"]
+    assert "LangGraph's AG-UI adapter before 0.0.38" in replay.reasons[-1]
