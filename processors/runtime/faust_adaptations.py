@@ -44,6 +44,8 @@ from mode import Service
 from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
 
+from processors.safe_logging import log_exception_kind
+
 log = logging.getLogger("agui_stream")
 
 # The versions every adaptation here was checked against (pyproject pins them): Faust,
@@ -702,8 +704,9 @@ class BatchedRecovery(Recovery):
                     await self._apply_changelog_events(batch)
                 await self._end_recovery_if_done(timeouts)
                 self._note_standbys_ready()
-            except Exception as error:  # as Faust: logged, and recovery goes on
-                log.warning("Error in recovery %s", error)
+            except Exception as error:  # as Faust: logged, and recovery goes on; by kind
+                # only, as everywhere (a message may quote a record's content)
+                log_exception_kind(log, logging.WARNING, "error in recovery", error)
 
     async def _apply_changelog_events(self, events: list[EventT[Any]]) -> None:
         """Faust's handling of each record, for a batch. A record of a changelog
@@ -746,7 +749,7 @@ class BatchedRecovery(Recovery):
                         self._last_flush_at = now
                     actives += is_active
             except Exception as error:  # as Faust: logged, and the next record goes on
-                log.warning("Error in recovery %s", error)
+                log_exception_kind(log, logging.WARNING, "error in recovery", error)
         if actives:
             self._note_processing_times(actives)
 
