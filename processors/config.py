@@ -60,6 +60,8 @@ DOCUMENTED: Final = (
      " the API answers every request 401"),
     ("AGUI_TEST_STALL_AGENT", "", "test only: 1 makes the agent stop before its first record"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
+    ("AGUI_LOG_FORMAT", "text", "text (a plain line per record) or json (a JSON object per"
+     " line, for log collectors)"),
 )
 _DEFAULTS: Final = {name: default for name, default, _ in DOCUMENTED}
 
@@ -93,6 +95,7 @@ class Settings:
     max_record_bytes: int
     metrics_port: int
     log_level: str
+    log_format: str
     stall_seconds: float
     view_retention_seconds: float
     tokens_file: str | None
@@ -190,6 +193,8 @@ class Settings:
             metrics_port=_integer("AGUI_METRICS_PORT", get("AGUI_METRICS_PORT"), 1, 65_535),
             log_level=_choice("AGUI_LOG_LEVEL", get("AGUI_LOG_LEVEL").lower(),
                               ("debug", "info", "warning", "error")),
+            log_format=_choice("AGUI_LOG_FORMAT", get("AGUI_LOG_FORMAT").lower(),
+                               ("text", "json")),
             stall_seconds=float(_integer("AGUI_STALL_SECONDS", get("AGUI_STALL_SECONDS"), 5,
                                          86_400)),
             view_retention_seconds=float(_integer(

@@ -493,4 +493,6 @@ class RecordProcessor:
 def _log_contained(error: BaseException, what: str, record: Incoming | None) -> None:
     where = ("" if record is None
              else f" at {record.topic}[{record.partition}]@{record.offset}")
-    log_exception_kind(log, logging.ERROR, what, error, where)
+    context = None if record is None else {
+        "topic": record.topic, "partition": record.partition, "offset": record.offset}
+    log_exception_kind(log, logging.ERROR, what, error, where, context)

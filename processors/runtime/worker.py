@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import logging.config
 import os
 import shutil
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 from processors.config import ConfigError, Settings
 from processors.runtime.topic_admin import create_topics
+from processors.safe_logging import JsonFormatter, TextFormatter
 
 log = logging.getLogger("agui_stream")
 EXIT_NOT_STOPPED = 75  # EX_TEMPFAIL: stopping took longer than AGUI_SHUTDOWN_TIMEOUT_SECONDS
@@ -50,6 +52,12 @@ def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
     from processors.runtime.diagnostics import log_partition_state, log_task_stacks
 
     class SignalSafeWorker(base):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Faust's progress spinner writes terminal escapes into every log line
+            # (ESC[?25l...): a worker's log is read by collectors, not a terminal.
+            self.spinner = None
+
         def _on_sigterm(self) -> None:
             _exit_unless_stopped_within(shutdown_timeout)
             super()._on_sigterm()
@@ -66,6 +74,26 @@ def _worker_class(base: type[Any], shutdown_timeout: float) -> type[Any]:
             log.warning("SIGUSR2 ignored: it would start a debugger")
 
     return SignalSafeWorker
+
+
+def worker_logging(settings: Settings) -> dict[str, Any]:
+    """The worker's logging (`logging.config.dictConfig`; Faust's worker applies it
+    again as it starts): to stderr, a plain line or a JSON object per record
+    (AGUI_LOG_FORMAT), exceptions by kind only. Client libraries log at the
+    worker's level but never below INFO: their debug records cost several log
+    records per event."""
+    level = settings.log_level.upper()
+    libraries = logging.getLevelName(max(logging.INFO, logging.getLevelName(level)))
+    formatter = JsonFormatter if settings.log_format == "json" else TextFormatter
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"agui": {"()": formatter}},
+        "handlers": {"agui": {"class": "logging.StreamHandler", "formatter": "agui",
+                              "stream": "ext://sys.stderr"}},
+        "root": {"level": level, "handlers": ["agui"]},
+        "loggers": {name: {"level": libraries} for name in ("aiokafka", "faust", "mode")},
+    }
 
 
 def _exit_unless_stopped_within(seconds: float) -> None:
@@ -106,12 +134,8 @@ def run_worker() -> int:
         return 2
 
     use_uvloop()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Client libraries at the worker's level, never below INFO: their debug
-    # records cost several log records per event.
-    for noisy in ("aiokafka", "faust", "mode"):
-        logging.getLogger(noisy).setLevel(max(logging.INFO, logging.getLogger().level))
+    logging_config = worker_logging(settings)
+    logging.config.dictConfig(logging_config)
     asyncio.run(create_topics(settings, include_inputs=False))
     app = create_app(settings, Metrics(), tokens)
     running = Path(settings.data_dir) / f".{settings.app_id}-running"
@@ -124,7 +148,8 @@ def run_worker() -> int:
     running.parent.mkdir(parents=True, exist_ok=True)
     running.touch()
     worker = _worker_class(faust.Worker, settings.shutdown_timeout_seconds)(
-        app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False)
+        app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False,
+        logging_config=logging_config)
     # Python's full collections walked every object imported and built so far (Faust,
     # aiokafka, pydantic: all alive for good) and stopped the event loop for 70-100 ms,
     # twice in 20 s of part 4 of service_bench.py, in the middle of commits; frozen,

@@ -8,6 +8,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from processors.config import DOCUMENTED
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
 MANIFESTS = sorted(K8S.glob("*.yaml"))
@@ -16,14 +18,7 @@ MANIFESTS = sorted(K8S.glob("*.yaml"))
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 # The documented configuration variables (README / issue 4).
-DOCUMENTED_ENV = {
-    "KAFKA_BOOTSTRAP_SERVERS", "KAFKA_SECURITY_PROTOCOL", "KAFKA_SASL_MECHANISM",
-    "KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD", "KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE",
-    "KAFKA_SSL_KEYFILE", "AGUI_APP_ID", "AGUI_INPUT_TOPICS", "AGUI_INPUT_PATTERN",
-    "AGUI_HISTORY_TOPIC", "AGUI_DEADLETTER_TOPIC", "AGUI_PARTITIONS", "AGUI_TENANT_HEADER",
-    "AGUI_DEFAULT_TENANT", "AGUI_IDLE_TIMEOUT_SECONDS", "AGUI_STORE", "AGUI_DATA_DIR",
-    "AGUI_PROCESSING_GUARANTEE", "AGUI_METRICS_PORT", "AGUI_LOG_LEVEL",
-}  # fmt: skip
+DOCUMENTED_ENV = {name for name, _default, _meaning in DOCUMENTED}
 SECRET_ENV = {"KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
 
 
