@@ -4,11 +4,14 @@ Two corpora (tests/corpora.py): the repository's own, tests/conformance/,
 always; the shared one, ../shared/conformance, when that directory exists
 (otherwise its tests are skipped with the reason). Every case is fed through
 `processors.tools.checker.check_records` (the engine the service uses) and compared
-as tests/conformance/README.md says: outcome and failure exactly, warnings and
-lostEncrypted as multisets, messages as JSON values in order, each message
-parsing with the ag-ui-protocol models. The in-repo corpus must cover every
-failure, warning and loss code the checker can produce. The command line is
-exercised on a few in-repo cases too, and the reading of records from a file.
+as tests/conformance/README.md says, on the keys each expected entry lists:
+outcome, failure and the AG-UI 1.1 keys (ending, pendingToolCallIds, interrupts,
+lateError, inputEchoed, updates) exactly, warnings and lostEncrypted as
+multisets, messages as JSON values in order, each message parsing with the
+ag-ui-protocol models. The in-repo corpus must cover every failure, warning and
+loss code the checker can produce, and every run ending but `abandoned`. The
+command line is exercised on a few in-repo cases too, and the reading of records
+from a file.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from ag_ui.core import Message
@@ -31,6 +34,7 @@ from pydantic import TypeAdapter
 from processors.engine.codes import FailureCode, LossReason, WarningCode
 from processors.tools.checker import CheckTotals, check_records, read_records
 from tests.corpora import EXTERNAL, EXTERNAL_SKIP_REASON, IN_REPO, Case, case_params
+from topics.records import RunOutcome
 
 CASES = IN_REPO.cases_dir
 EXPECTED = IN_REPO.expected
@@ -48,24 +52,53 @@ NOT_IN_CORPUS = {
 }
 
 
+# The keys every in-repo entry lists (the 1.0 shape), and the ones AG-UI 1.1 added
+# (tests/conformance/README.md): an entry lists those that matter for its case.
+BASE_KEYS = ("outcome", "failure", "warnings", "lostEncrypted", "messages")
+KEYS_1_1 = ("ending", "pendingToolCallIds", "interrupts", "lateError", "inputEchoed", "updates")
+MULTISET_KEYS = {"warnings", "lostEncrypted"}
+# Endings the corpus cannot show: `abandoned` is the service's idle timeout, a clock.
+ENDINGS_NOT_IN_CORPUS = {"abandoned"}
+
+
 def run_case(path: Path) -> list[dict[str, Any]]:
     with path.open("rb") as stream:
-        return [r.as_json() for r in check_records(read_records(stream), CheckTotals())]
+        # Every report first, then their JSON: a late RUN_ERROR changes the entry of
+        # the run it follows, which the checker has already yielded.
+        reports = list(check_records(read_records(stream), CheckTotals()))
+    return [report.as_json() for report in reports]
 
 
 def _multiset(entries: list[dict[str, Any]]) -> Counter[str]:
     return Counter(json.dumps(e, sort_keys=True) for e in entries)
 
 
+def _actual(got: dict[str, Any], key: str) -> Any:
+    """An entry's value for `key`; the checker leaves out the 1.1 keys that do not
+    apply (absent is compared as null, and absent `updates` as an empty list)."""
+    if key == "updates":
+        return got.get(key) or []
+    return got.get(key)
+
+
 def assert_matches(actual: list[dict[str, Any]], expected: list[dict[str, Any]]) -> None:
+    """Entries in order, each compared on the keys its expected entry lists.
+
+    A listed `null` asks for the key to be absent (or null): `"ending": null` on a
+    record that failed on its own outside any run, for instance.
+    """
     assert len(actual) == len(expected), (actual, expected)
     for index, (got, want) in enumerate(zip(actual, expected, strict=True)):
         where = f"run {index}"
-        assert got["outcome"] == want["outcome"], where
-        assert got["failure"] == want["failure"], where
-        assert _multiset(got["warnings"]) == _multiset(want["warnings"]), where
-        assert _multiset(got["lostEncrypted"]) == _multiset(want["lostEncrypted"]), where
-        assert got["messages"] == want["messages"], where
+        unknown = set(want) - set(BASE_KEYS) - set(KEYS_1_1)
+        assert not unknown, (where, unknown)  # a misspelt key would compare nothing
+        for key, wanted in want.items():
+            if key in MULTISET_KEYS:
+                assert _multiset(_actual(got, key) or []) == _multiset(wanted), (where, key)
+            elif key == "updates":
+                assert _actual(got, key) == (wanted or []), (where, key)
+            else:
+                assert _actual(got, key) == wanted, (where, key)
 
 
 def assert_ag_ui_messages(messages: list[dict[str, Any]]) -> None:
@@ -88,6 +121,14 @@ def test_in_repo_corpus_is_complete() -> None:
     assert listed == files  # every case has its line in the README's tables
 
 
+def test_in_repo_entries_list_the_base_keys() -> None:
+    # The in-repo corpus always states the 1.0 facts; the 1.1 keys are optional.
+    for name, runs in EXPECTED.items():
+        for index, run in enumerate(runs):
+            assert tuple(run)[:len(BASE_KEYS)] == BASE_KEYS, (name, index)
+            assert set(run) <= set(BASE_KEYS) | set(KEYS_1_1), (name, index)
+
+
 def test_in_repo_corpus_covers_every_code() -> None:
     failures = {r["failure"]["code"] for runs in EXPECTED.values() for r in runs if r["failure"]}
     warnings = {w["code"] for runs in EXPECTED.values() for r in runs for w in r["warnings"]}
@@ -98,6 +139,30 @@ def test_in_repo_corpus_covers_every_code() -> None:
     assert losses == {c.value for c in LossReason} - {c.value for c in NOT_IN_CORPUS}
     for code in NOT_IN_CORPUS:
         assert f"`{code.value}`" in README, code  # the README says why it is left out
+
+
+def test_in_repo_corpus_covers_every_ending() -> None:
+    endings = {r["ending"] for runs in EXPECTED.values() for r in runs if r.get("ending")}
+    assert endings == set(get_args(RunOutcome)) - ENDINGS_NOT_IN_CORPUS
+    for ending in ENDINGS_NOT_IN_CORPUS:
+        assert f"`{ending}`" in README, ending
+
+
+@pytest.mark.parametrize("case", case_params())
+def test_expected_updates_are_well_formed(case: Case) -> None:
+    # Continuations carry only what a run added, so they are not whole AG-UI
+    # messages; each still names the message it continues and that message's role.
+    for run in case.runs:
+        for update in run.get("updates") or []:
+            if update["kind"] == "removal":
+                assert set(update) == {"kind", "messageId"}, update
+                assert isinstance(update["messageId"], str), update
+            else:
+                assert update["kind"] == "continuation", update
+                assert set(update) == {"kind", "message"}, update
+                message = update["message"]
+                assert isinstance(message["id"], str) and isinstance(message["role"], str), update
+                assert None not in message.values(), update
 
 
 @pytest.mark.skipif(not EXTERNAL.present(), reason=EXTERNAL_SKIP_REASON)
