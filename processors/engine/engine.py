@@ -1269,7 +1269,9 @@ def _hold(state: KeyState, message_id: str, role: str,
         if state.held_calls is None:
             state.held_calls = {}
         for call in tool_calls:
-            state.held_calls[call["id"]] = [message_id, call["function"]["name"]]
+            name = call.get("function", {}).get("name")
+            if name is not None:  # a continued call's entry names none: it is held already
+                state.held_calls[call["id"]] = [message_id, name]
 
 
 def _forget(state: KeyState, message_id: str) -> None:

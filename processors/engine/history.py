@@ -162,11 +162,17 @@ def _to_tool_call(call: ToolCallRecord, texts: dict[int, str]) -> dict[str, Any]
     arguments = call.args_base
     if call.args_slot is not None:
         arguments += texts.get(call.args_slot, "")
-    tool_call: dict[str, Any] = {
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": arguments},
-    }
+    tool_call: dict[str, Any]
+    if call.continued:  # what this run added to a call an earlier run delivered
+        tool_call = {"id": call.id}
+        if arguments:
+            tool_call["function"] = {"arguments": arguments}
+    else:
+        tool_call = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": arguments},
+        }
     if call.encrypted_value is not None:
         tool_call["encryptedValue"] = call.encrypted_value
         if call.encrypted_type is not None:

@@ -156,6 +156,9 @@ def check_records(
                 pending.last_line = line
                 if isinstance(decision, Failed):
                     pending.outcome = "failed"
+                    # A run that fails ends with a closing record; a record that fails
+                    # on its own, outside any run, ends no run.
+                    pending.ending = None if decision.run is None else "failed"
                     pending.failure = {"code": decision.code.value, "line": line}
                     pending.failure_reason = decision.reason
                     pending.run = decision.run
