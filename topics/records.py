@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 HISTORY_SCHEMA: Final = "agui.history.v2"
-DEADLETTER_SCHEMA: Final = "agui.deadletter.v1"
+DEADLETTER_SCHEMA: Final = "agui.deadletter.v2"
 
 # What a history content record does to the thread a consumer folds (docs/topics.md,
 # *Folding the history topic*): `message` replaces the held message with its id in
@@ -95,6 +95,8 @@ class HistoryRun(_HistoryRecord):
     failure: RunFailure | None = None
     inputEchoed: bool | None = None
     late: bool | None = None
+    # Optional fields left out because the record would not fit its topic, by name.
+    truncated: list[str] | None = None
 
 
 class SourceCoordinates(_Record):
@@ -105,7 +107,12 @@ class SourceCoordinates(_Record):
 
 
 class DeadLetter(_Record):
-    schema_: Literal["agui.deadletter.v1"] = Field(DEADLETTER_SCHEMA, alias="schema")
+    """A failure or warning about one input record. Sized to fit its topic: what does not
+    fit is left out, in this order, and said so: the event copy (`truncated`), the input
+    record's headers copied onto it (`headersDropped`: how many), what is past the first
+    1,024 characters of the reason, tenant and ids (`cut`)."""
+
+    schema_: Literal["agui.deadletter.v2"] = Field(DEADLETTER_SCHEMA, alias="schema")
     kind: Literal["failure", "warning"]
     code: str
     reason: str
@@ -116,3 +123,5 @@ class DeadLetter(_Record):
     event: Any = None  # the offending event, redacted (topics.redaction)
     raw: str | None = None  # base64 of an undecodable record's value
     truncated: bool | None = None  # `event`/`raw` left out: the record would be too large
+    headersDropped: int | None = None  # input headers not copied: too large
+    cut: bool | None = None  # reason, tenant and ids cut to 1,024 characters: too large

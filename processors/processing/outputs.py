@@ -11,6 +11,7 @@ run only the closing record; history too large for the sink is `not_storable`
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 from typing import Any, NamedTuple
 
@@ -40,6 +41,23 @@ from topics.redaction import redact_event
 
 Headers = list[tuple[str, bytes]]
 log = logging.getLogger("agui_stream")
+
+# What a record costs on the wire beyond its key, value and headers' bytes: its own
+# framing and its batch's (Kafka's record batch: a 61-byte header and a few varints
+# per record and header), rounded up. A record alone in its batch is what a topic's
+# max.message.bytes is compared with.
+RECORD_OVERHEAD = 128
+# A dead letter's reason, tenant and ids are cut to this many characters when the
+# record is too large without its event and headers (a producer's id may be a megabyte).
+_CUT = 1024
+
+
+def record_bytes(key: bytes, value: bytes, headers: Headers) -> int:
+    """The bytes a record is charged against its topic's max.message.bytes (an upper
+    bound: uncompressed, with every varint at its widest)."""
+    return (RECORD_OVERHEAD + len(key) + len(value)
+            + sum(len(name.encode("utf-8", "surrogatepass")) + len(data) + 10
+                  for name, data in headers))
 
 
 class Incoming(NamedTuple):
@@ -81,8 +99,20 @@ class OutputBuilder:
                  metrics: Metrics) -> None:
         self.history_topic = history_topic
         self.deadletter_topic = deadletter_topic
-        self.max_record_bytes = max_record_bytes
+        self.max_record_bytes = max_record_bytes  # the largest history message published
         self.metrics = metrics
+        # The largest record each output topic takes, as the broker says
+        # (`set_topic_limit`); until it has, what `create-topics` gives them.
+        self.topic_limits = dict.fromkeys((history_topic, deadletter_topic),
+                                          max_record_bytes + 65_536)
+
+    def set_topic_limit(self, topic: str, limit: int) -> None:
+        """The broker's max.message.bytes for `topic` (with the producer's request
+        limit, the smaller): every record built for it from now on fits."""
+        self.topic_limits[topic] = limit
+
+    def _fits(self, topic: str, key: bytes, value: bytes, headers: Headers) -> bool:
+        return record_bytes(key, value, headers) <= self.topic_limits[topic]
 
     def build(self, step: Step, record: Incoming, tenant: str) -> list[Outgoing]:
         metrics = self.metrics
@@ -106,7 +136,7 @@ class OutputBuilder:
                     out.append(self._closing(tenant, decision.run, HistoryRun(
                         tenant=tenant, threadId=decision.run.thread_id,
                         runId=decision.run.run_id, outcome=outcome.value, messageCount=0,
-                        failure=RunFailure(code=decision.code.value))))
+                        failure=RunFailure(code=decision.code.value)), record))
             elif isinstance(decision, Concluded):
                 if not decision.late:  # a late error was counted when the run finished
                     metrics.runs.labels(decision.outcome.value).inc()
@@ -145,7 +175,8 @@ class OutputBuilder:
             else:
                 value = HistoryMessage.encode(tenant, thread_id, run_id, seq, entry.message,
                                               entry.kind)  # type: ignore[arg-type]
-            if len(value) + len(key) > self.max_record_bytes:
+            if (len(value) + len(key) > self.max_record_bytes
+                    or not self._fits(self.history_topic, key, value, [])):
                 dead_letters.append(self._not_storable(entry.message, run, record, tenant))
                 continue
             published.append(Outgoing(self.history_topic, key, value, []))
@@ -157,14 +188,34 @@ class OutputBuilder:
             interrupts=detail.get("interrupts"), usage=concluded.usage, error=concluded.error,
             inputEchoed=concluded.input_echoed, late=True if concluded.late else None,
         )
-        published.append(self._closing(tenant, run, closing))
-        self.metrics.history_records.inc(len(published) - 1)  # _closing counted its own
-        return [*dead_letters, *published]
+        self.metrics.history_records.inc(len(published))
+        closed = self._closing(tenant, run, closing, record)
+        return [*dead_letters, *published, closed]
 
-    def _closing(self, tenant: str, run: RunIdentity | None, closing: HistoryRun) -> Outgoing:
-        self.metrics.history_records.inc()
+    def _closing(self, tenant: str, run: RunIdentity | None, closing: HistoryRun,
+                 record: Incoming) -> Outgoing:
+        """The closing record, sized: optional fields that do not fit are left out
+        (`truncated` names them), largest first; if even the bare record cannot be
+        sent (a thread id of a megabyte), a `not_storable` dead letter instead."""
         key = _history_key(tenant, None if run is None else run.thread_id)
-        return Outgoing(self.history_topic, key, closing.to_bytes(), [])
+        value = closing.to_bytes()
+        left_out: list[str] = []
+        while not self._fits(self.history_topic, key, value, []):
+            optional = {name: len(orjson.dumps(getattr(closing, name)))
+                        for name in _CLOSING_OPTIONAL if getattr(closing, name) is not None}
+            if not optional:
+                self.metrics.warnings.labels(WarningCode.NOT_STORABLE.value).inc()
+                return self._dead_letter(
+                    "warning", WarningCode.NOT_STORABLE.value,
+                    "the run's closing record exceeds the history topic's largest record"
+                    " even without its optional fields (its thread id is that long); it was"
+                    " not published", run, record, tenant, include_event=False)
+            largest = max(optional, key=optional.__getitem__)
+            left_out.append(largest)
+            closing = closing.model_copy(update={largest: None, "truncated": left_out})
+            value = closing.to_bytes()
+        self.metrics.history_records.inc()
+        return Outgoing(self.history_topic, key, value, [])
 
     def _not_storable(self, message: dict[str, Any], run: RunIdentity | None, record: Incoming,
                       tenant: str) -> Outgoing:
@@ -201,17 +252,38 @@ class OutputBuilder:
             log.error("could not copy the event into its dead letter (%s); sent without it",
                       type(error).__name__)
             value = DeadLetter(**fields).to_bytes()
-        if len(value) + len(record.key) > self.max_record_bytes:
-            value = DeadLetter(**fields, truncated=True).to_bytes()
-        headers: Headers = [
+        own: Headers = [
             ("agui.dlq.code", code.encode()),
             ("agui.dlq.kind", kind.encode()),
             ("agui.dlq.topic", record.topic.encode()),
             ("agui.dlq.partition", str(record.partition).encode()),
             ("agui.dlq.offset", str(record.offset).encode()),
-            *record.headers,
         ]
-        return Outgoing(self.deadletter_topic, record.key, value, headers)
+        key, headers = record.key, [*own, *record.headers]
+        topic = self.deadletter_topic
+        # Sized before it is sent, headers included: what does not fit is left out, and
+        # the record says so (topics/records.py, DeadLetter). Never an unsendable record.
+        if not self._fits(topic, key, value, headers):
+            fields["truncated"] = True
+            value = DeadLetter(**fields).to_bytes()
+        if not self._fits(topic, key, value, headers) and record.headers:
+            fields["headersDropped"] = len(record.headers)
+            headers = own
+            value = DeadLetter(**fields).to_bytes()
+        if not self._fits(topic, key, value, headers):
+            for name in ("reason", "tenant", "threadId", "runId"):
+                if fields[name] is not None:
+                    fields[name] = fields[name][:_CUT]
+            fields["cut"] = True
+            value = DeadLetter(**fields).to_bytes()
+        if not self._fits(topic, key, value, headers):  # the input's key alone is too large
+            key = hashlib.sha256(key).hexdigest().encode()
+            headers = [*own, ("agui.dlq.key-sha256", key)]
+        return Outgoing(topic, key, value, headers)
+
+
+# A closing record's optional fields, which it may leave out to fit its topic.
+_CLOSING_OPTIONAL = ("interrupts", "usage", "error", "pendingToolCallIds")
 
 
 def _history_key(tenant: str, thread_id: str | None) -> bytes:
