@@ -34,6 +34,13 @@ VIEW_TABLE = "thread-view"
 TABLE_NAMES = (STATE_TABLE, TEXT_TABLE, VIEW_TABLE)
 
 
+def largest_record(max_record_bytes: int) -> int:
+    """The largest record an output or changelog topic takes (its max.message.bytes, and
+    the producer's request limit): AGUI_MAX_RECORD_BYTES of content with 64 KiB for a
+    record's key, headers and framing."""
+    return max_record_bytes + 65_536
+
+
 def changelog_topic(app_id: str, table: str) -> str:
     """The changelog Faust keeps for `table` (its own naming)."""
     return f"{app_id}-{table}-changelog"
@@ -54,7 +61,7 @@ def service_topics(
     replication_factor: int,
     max_record_bytes: int,
 ) -> list[TopicSpec]:
-    sized = {"max.message.bytes": str(max_record_bytes + 65_536)}
+    sized = {"max.message.bytes": str(largest_record(max_record_bytes))}
     return [
         *(TopicSpec(t, partitions, replication_factor, {"retention.ms": str(7 * DAY_MS)})
           for t in input_topics),

@@ -29,6 +29,7 @@ from processors.engine.decisions import (
     Warned,
 )
 from processors.metrics import Metrics
+from topics.declarations import largest_record
 from topics.records import (
     DeadLetter,
     HistoryMessage,
@@ -104,7 +105,7 @@ class OutputBuilder:
         # The largest record each output topic takes, as the broker says
         # (`set_topic_limit`); until it has, what `create-topics` gives them.
         self.topic_limits = dict.fromkeys((history_topic, deadletter_topic),
-                                          max_record_bytes + 65_536)
+                                          largest_record(max_record_bytes))
 
     def set_topic_limit(self, topic: str, limit: int) -> None:
         """The broker's max.message.bytes for `topic` (with the producer's request

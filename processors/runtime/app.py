@@ -39,7 +39,14 @@ from processors.runtime.kafka_client import faust_credentials
 from processors.runtime.view_service import serve_thread_view
 from processors.view.tenant_tokens import TenantTokens
 from processors.view.thread_view import ThreadView
-from topics.declarations import STATE_TABLE, TABLE_NAMES, TEXT_TABLE, VIEW_TABLE, idle_ticks_topic
+from topics.declarations import (
+    STATE_TABLE,
+    TABLE_NAMES,
+    TEXT_TABLE,
+    VIEW_TABLE,
+    idle_ticks_topic,
+    largest_record,
+)
 
 # What one fetch brings per partition (Faust: 1 MiB). aiokafka hands out a fetch's
 # records one partition after another, so under a backlog each partition waited for
@@ -62,7 +69,7 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         topic_disable_leader=True,
-        producer_max_request_size=settings.max_record_bytes + 65_536,
+        producer_max_request_size=largest_record(settings.max_record_bytes),
         # Batch what commits send (outputs, changelog entries) into few requests.
         producer_linger=0.05,
         producer_max_batch_size=512 * 1024,
@@ -84,10 +91,11 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
     )
 
 
-def create_app(settings: Settings, metrics: Metrics,
-               tokens: TenantTokens | None = None) -> AdaptedApp:
+def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None = None,
+               topic_limits: dict[str, int] | None = None) -> AdaptedApp:
     """The Faust app with its tables, agents, sweep timer and web pages; `tokens` are
-    the thread API's (None: the API refuses every request)."""
+    the thread API's (None: the API refuses every request); `topic_limits` the
+    largest record each output topic takes, as the broker said at start."""
     app: AdaptedApp = faust_app(settings)
     ticks = idle_ticks_topic(settings.app_id)
     if settings.input_pattern is not None:
@@ -110,6 +118,8 @@ def create_app(settings: Settings, metrics: Metrics,
                               *sorted(app.tables.changelog_topics))
     builder = OutputBuilder(settings.history_topic, settings.deadletter_topic,
                             settings.max_record_bytes, metrics)
+    for topic, limit in (topic_limits or {}).items():
+        builder.set_topic_limit(topic, limit)
     processor = RecordProcessor(
         builder, metrics, StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
         tenant_header=settings.tenant_header, default_tenant=settings.default_tenant,
@@ -126,6 +136,7 @@ def create_app(settings: Settings, metrics: Metrics,
     app.timer(min(30.0, settings.idle_timeout_seconds / 4))(jobs.tick_own_partitions)
     app.timer(10.0)(jobs.measure_lag)
     app.timer(min(10.0, settings.stall_seconds / 3))(jobs.check_progress)
+    app.timer(60.0)(jobs.refresh_topic_limits)
     app.on_partitions_revoked.connect(jobs.on_partitions_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(jobs.on_partitions_assigned)  # type: ignore[arg-type]
     app.page("/metrics")(_page(jobs.metrics_page))

@@ -33,6 +33,7 @@ from topics.declarations import VIEW_TABLE
 log = logging.getLogger("agui_stream")
 
 EXIT_UNSENT = 70  # EX_SOFTWARE: outputs could not be sent (see stop_without_commit)
+EXIT_CONFIGURATION = 2  # a configuration that would break the guarantees
 
 
 class WriteBehindTable(QuickStopTable):
@@ -144,3 +145,11 @@ def stop_without_commit(what: str, error: BaseException) -> NoReturn:
                        " commit so that they are processed again after a restart", error)
     logging.shutdown()
     os._exit(EXIT_UNSENT)
+
+
+def stop_for_configuration(problem: str) -> NoReturn:
+    """Exit at once, without a commit, on a configuration found wrong while running
+    (what a kill does: safe); the same exit code as a wrong configuration at start."""
+    log.critical("configuration error: %s; stopping", problem)
+    logging.shutdown()
+    os._exit(EXIT_CONFIGURATION)

@@ -23,7 +23,12 @@ from processors.config import Settings
 from processors.metrics import Metrics
 from processors.processing.outputs import Outgoing, incoming_record
 from processors.processing.record_processor import RecordProcessor
-from processors.runtime.commit import PartitionBatch, WorkerCommitBatch, WriteBehindTable
+from processors.runtime.commit import (
+    PartitionBatch,
+    WorkerCommitBatch,
+    WriteBehindTable,
+    stop_for_configuration,
+)
 from processors.runtime.faust_adaptations import (
     AdaptedApp,
     CommitProducer,
@@ -31,6 +36,7 @@ from processors.runtime.faust_adaptations import (
     transactional_id,
 )
 from processors.runtime.health import Liveness
+from processors.runtime.topic_admin import output_limits
 from processors.runtime.view_service import measure_view
 from processors.safe_logging import log_exception_kind
 from processors.view.thread_view import ThreadView
@@ -65,6 +71,7 @@ class WorkerJobs:
         self.unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
         self.agent_streams: list[Any] = []  # (liveness: records queued for the agent)
         self.assigned_once = False
+        self.checked_topics: set[str] = set()  # topics whose partition count was checked
 
     # --- the agent ------------------------------------------------------------------
 
@@ -144,6 +151,15 @@ class WorkerJobs:
         except Exception as error:
             log_exception_kind(log, logging.WARNING, "could not measure consumer lag", error)
 
+    async def refresh_topic_limits(self) -> None:
+        """Learn again the largest record each output topic takes (an operator may
+        change a topic's max.message.bytes), so that every record built fits."""
+        try:
+            for topic, limit in (await output_limits(self.settings)).items():
+                self.processor.builder.set_topic_limit(topic, limit)
+        except Exception as error:  # an exception in a Faust timer would crash the worker
+            log_exception_kind(log, logging.WARNING, "could not read the topics' limits", error)
+
     async def check_progress(self) -> None:
         """Feed liveness: records processed so far, and the input partitions with
         records waiting (not yet fetched, or delivered and not yet processed)."""
@@ -167,6 +183,21 @@ class WorkerJobs:
     async def on_partitions_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
         self.assigned_once = True
         self.liveness.partitions_moved(time.monotonic())
+        self.refuse_foreign_partition_counts(assigned)
+
+    def refuse_foreign_partition_counts(self, assigned: Any) -> None:
+        """A raw topic the pattern matched since the start must have AGUI_PARTITIONS
+        partitions like the rest (processors.runtime.topic_admin): otherwise the worker
+        stops at once, exit 2, without a commit (what a kill does, which is safe)."""
+        for topic in sorted({tp.topic for tp in assigned} - self.checked_topics):
+            self.checked_topics.add(topic)
+            if not self.is_input(topic):
+                continue
+            partitions = self.app.consumer.topic_partitions(topic)
+            if partitions is not None and partitions != self.settings.partitions:
+                stop_for_configuration(
+                    f"input topic {topic} has {partitions} partitions; AGUI_PARTITIONS is"
+                    f" {self.settings.partitions}, and every raw topic must have that many")
 
     # --- pages ----------------------------------------------------------------------
 

@@ -1,13 +1,33 @@
-"""Creating the service's topics on the broker (`agui-stream create-topics`, the worker's
-start, the demo). Which topics and with which settings is `topics.declarations`."""
+"""The service's topics on the broker: creating them (`agui-stream create-topics`, the
+worker's start, the demo), and reading back what the guarantees depend on: each
+topic's partition count, replication, `min.insync.replicas` and largest record.
+Which topics and with which settings is `topics.declarations`.
+
+A worker refuses to run (exit 2) on topics that would break its guarantees
+(`configuration_problems`): a raw, history or internal topic whose partition count
+is not AGUI_PARTITIONS lands in another Faust co-partitioning group, so a commit's
+outputs and its offsets would not be one transaction, and the thread view would
+look for a thread in another partition than the producer put it in.
+"""
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from processors.config import Settings
 from processors.runtime.kafka_client import aiokafka_options
-from topics.declarations import TopicSpec, service_topics
+from topics.declarations import (
+    TABLE_NAMES,
+    TopicSpec,
+    changelog_topic,
+    idle_ticks_topic,
+    largest_record,
+    service_topics,
+)
 
 
 def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
@@ -41,3 +61,127 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> l
              for s in missing]
         )
     return [spec.name for spec in missing]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFacts:
+    """What the broker says of one topic."""
+
+    partitions: int
+    replication: int
+    max_message_bytes: int
+    min_insync_replicas: int
+
+
+async def describe_topics(settings: Settings, names: list[str]) -> dict[str, TopicFacts]:
+    """The facts of each topic of `names` that exists; an absent one is left out."""
+    admin = AIOKafkaAdminClient(**aiokafka_options(settings))
+    await admin.start()
+    try:
+        metadata = {topic["topic"]: topic for topic in await admin.describe_topics(names)
+                    if topic["error_code"] == 0}
+        wanted = {"max.message.bytes": None, "min.insync.replicas": None}
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name, dict(wanted)) for name in metadata])
+    finally:
+        await admin.close()
+    configs: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for resource in response.to_object()["resources"]:
+            configs[resource["resource_name"]] = {
+                entry["config_names"]: entry["config_value"]
+                for entry in resource["config_entries"]}
+    facts = {}
+    for name, topic in metadata.items():
+        config = configs.get(name, {})
+        partitions = topic["partitions"]
+        facts[name] = TopicFacts(
+            partitions=len(partitions),
+            replication=min((len(p["replicas"]) for p in partitions), default=0),
+            max_message_bytes=int(config.get("max.message.bytes", "1048588")),
+            min_insync_replicas=int(config.get("min.insync.replicas", "1")))
+    return facts
+
+
+async def existing_topics(settings: Settings) -> list[str]:
+    admin = AIOKafkaAdminClient(**aiokafka_options(settings))
+    await admin.start()
+    try:
+        return sorted(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+def input_topics_now(settings: Settings, existing: list[str]) -> list[str]:
+    """The raw topics a worker reads: those named, or those the pattern matches now
+    (the subscription matches a topic's name from its start)."""
+    if settings.input_pattern is None:
+        return list(settings.input_topics)
+    pattern = re.compile(settings.input_pattern)
+    internal = {idle_ticks_topic(settings.app_id), settings.history_topic,
+                settings.deadletter_topic,
+                *(changelog_topic(settings.app_id, table) for table in TABLE_NAMES)}
+    return [name for name in existing if pattern.match(name) and name not in internal]
+
+
+def configuration_problems(settings: Settings, facts: dict[str, TopicFacts],
+                           inputs: list[str]) -> list[str]:
+    """What in the topics would break the worker's guarantees, one sentence each.
+
+    Every raw, history and internal topic has AGUI_PARTITIONS partitions (one Faust
+    co-partitioning group: a commit's outputs and offsets are one transaction per
+    partition number; the view finds a thread where the producer put it). Where
+    AGUI_REPLICATION_FACTOR says production (3 or more), the service's own topics are
+    replicated that far and acknowledge a write on at least two replicas."""
+    problems = []
+    internal = [idle_ticks_topic(settings.app_id),
+                *(changelog_topic(settings.app_id, table) for table in TABLE_NAMES)]
+    outputs = [settings.history_topic, settings.deadletter_topic]
+    for name in [*inputs, *outputs, *internal]:
+        topic = facts.get(name)
+        if topic is not None and topic.partitions != settings.partitions:
+            problems.append(
+                f"topic {name} has {topic.partitions} partitions; AGUI_PARTITIONS is"
+                f" {settings.partitions}, and every raw, history and internal topic must have"
+                " that many (otherwise a commit's outputs and offsets are not one"
+                " transaction, and the thread view looks in the wrong partition)")
+    if settings.replication_factor >= 3:
+        for name in [*outputs, *internal]:
+            topic = facts.get(name)
+            if topic is None:
+                continue
+            if topic.replication < settings.replication_factor:
+                problems.append(
+                    f"topic {name} is replicated {topic.replication} times;"
+                    f" AGUI_REPLICATION_FACTOR is {settings.replication_factor}")
+            if topic.min_insync_replicas < 2:
+                problems.append(
+                    f"topic {name} has min.insync.replicas={topic.min_insync_replicas}; with"
+                    " AGUI_REPLICATION_FACTOR 3 or more it must be at least 2 (a write"
+                    " acknowledged by one replica can be lost with it)")
+    return problems
+
+
+def record_limit(settings: Settings, facts: TopicFacts) -> int:
+    """The largest record the worker may send to a topic: the topic's limit, or the
+    producer's request limit when smaller."""
+    return min(facts.max_message_bytes, largest_record(settings.max_record_bytes))
+
+
+async def checked_topics(settings: Settings) -> tuple[list[str], dict[str, int]]:
+    """What a starting worker learns of its topics: the problems that must stop it, and
+    the largest record its output topics take."""
+    inputs = input_topics_now(settings, await existing_topics(settings))
+    outputs = [settings.history_topic, settings.deadletter_topic]
+    internal = [idle_ticks_topic(settings.app_id),
+                *(changelog_topic(settings.app_id, table) for table in TABLE_NAMES)]
+    facts = await describe_topics(settings, [*inputs, *outputs, *internal])
+    limits = {name: record_limit(settings, facts[name]) for name in outputs if name in facts}
+    return configuration_problems(settings, facts, inputs), limits
+
+
+async def output_limits(settings: Settings) -> dict[str, int]:
+    """The largest record each output topic takes now (an operator may change it)."""
+    outputs = [settings.history_topic, settings.deadletter_topic]
+    facts = await describe_topics(settings, outputs)
+    return {name: record_limit(settings, facts[name]) for name in outputs if name in facts}

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from processors.config import ConfigError, Settings
-from processors.runtime.topic_admin import create_topics
+from processors.runtime.topic_admin import checked_topics, create_topics
 from processors.safe_logging import JsonFormatter, TextFormatter
 
 log = logging.getLogger("agui_stream")
@@ -137,7 +137,12 @@ def run_worker() -> int:
     logging_config = worker_logging(settings)
     logging.config.dictConfig(logging_config)
     asyncio.run(create_topics(settings, include_inputs=False))
-    app = create_app(settings, Metrics(), tokens)
+    problems, limits = asyncio.run(checked_topics(settings))
+    if problems:  # topics that would break the guarantees: refuse, and say why
+        for problem in problems:
+            sys.stderr.write(f"agui-stream: configuration error: {problem}\n")
+        return 2
+    app = create_app(settings, Metrics(), tokens, limits)
     running = Path(settings.data_dir) / f".{settings.app_id}-running"
     if settings.store == "rocksdb://" and running.exists():
         # Killed last time: RocksDB may hold writes of transactions that were
