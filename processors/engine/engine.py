@@ -16,6 +16,7 @@ full walk of `check_model`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from enum import Enum, auto
 from typing import Any, Final
@@ -253,7 +254,8 @@ class KeyEngine:
         if rule is None:
             if event_type not in RETIRED_EVENTS:
                 self._warn(WarningCode.UNKNOWN_EVENT_TYPE,
-                           "event type is not an AG-UI 1.1 type; the event was dropped")
+                           f"event type {_shown_type(event_type)} is not an AG-UI 1.1 type;"
+                           " the event was dropped")
                 return _step("unknown", self._out)
             # The compatibility boundary (rule book section 2): translated before the
             # schema sees it.
@@ -643,13 +645,15 @@ class KeyEngine:
                                  f"tool call chunk for {item_id!r} names another tool")
             # A repeated parentMessageId must be the opener's, whose absence (or "")
             # established none (patterns/streaming).
-            if ("parentMessageId" in event and call is not None
+            if ("parentMessageId" in event and call is not None and not call.continued
                     and (event["parentMessageId"] or None) != call.parent):
                 raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                  f"tool call chunk for {item_id!r} names another parent message")
         elif kind is ChunkKind.TEXT:
             record = run.messages.get(item_id)
-            if record is not None:
+            # Of a message an earlier run delivered only the role is known here; across
+            # runs a consumer need not detect a disagreement (events/text-messages).
+            if record is not None and record.origin != CONTINUED:
                 for key, current in (("role", record.role), ("name", record.field("name"))):
                     if key in event and event[key] != current:
                         raise RunFailure(FailureCode.CHUNK_CONFLICT,
@@ -750,7 +754,7 @@ class KeyEngine:
         tag = event.get("subagentRunId")
         self._open(run, ns, message_id, tag)
         record = run.messages.get(message_id)
-        if record is None:
+        if record is None and (self.state.held or {}).get(message_id) != "activity":
             record = self._delivered(run, message_id)
             if record is not None:
                 record.content_base = ""  # what this run appends to the delivered text
@@ -1025,6 +1029,10 @@ class KeyEngine:
         message_id = event["messageId"]
         previous = run.messages.get(message_id)
         metadata = event.get("metadata")
+        held = self.state.held
+        if (previous is None and event.get("replace") is False and held is not None
+                and held.get(message_id) == "activity"):
+            return  # an earlier run's activity, left as it stands
         if previous is not None and previous.role == "activity":
             if metadata is not None:
                 previous.metadata = _merged(previous.metadata, metadata)
@@ -1311,3 +1319,12 @@ def _free_id(run: RunState, state: KeyState, wanted: str) -> str:
         suffix += 1
         candidate = f"{wanted}/{suffix}"
     return candidate
+
+
+_TYPE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+def _shown_type(event_type: str) -> str:
+    """An unknown event type as a reason names it: quoted when it looks like a type
+    name, else not shown (a `type` can be any string; reasons never quote content)."""
+    return repr(event_type) if _TYPE_NAME.fullmatch(event_type) else "(not shown)"

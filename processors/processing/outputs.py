@@ -151,13 +151,20 @@ class OutputBuilder:
         if values:
             self.metrics.encrypted_content_lost.labels(reason.value).inc(values)
 
-    def dead_letter_for_exception(self, record: Incoming, tenant: str) -> Outgoing:
-        """An unexpected error while processing: the run is failed, the record kept."""
+    def outputs_for_exception(self, record: Incoming, tenant: str,
+                              run: RunIdentity | None) -> list[Outgoing]:
+        """An unexpected error while processing: the run is failed (its closing record,
+        when it was known), the record kept in a dead letter."""
         self.metrics.run_failures.labels("processing_error").inc()
         self.metrics.runs.labels("failed").inc()
-        return self._dead_letter("failure", "processing_error",
+        out = [self._dead_letter("failure", "processing_error",
                                  "internal error while processing this record; the run was"
-                                 " failed and the record kept here", None, record, tenant)
+                                 " failed and the record kept here", run, record, tenant)]
+        if run is not None:
+            out.append(self._closing(tenant, run, HistoryRun(
+                tenant=tenant, threadId=run.thread_id, runId=run.run_id, outcome="failed",
+                messageCount=0, failure=RunFailure(code="processing_error")), record))
+        return out
 
     # --- history ----------------------------------------------------------------------
 

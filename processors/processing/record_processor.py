@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from processors.engine.codes import LossReason
+from processors.engine.decisions import RunIdentity
 from processors.engine.engine import KeyEngine
 from processors.engine.history import held_encrypted_values
 from processors.engine.state import KeyState, Phase
@@ -285,7 +286,7 @@ class RecordProcessor:
                 cached = CachedKey.empty(partition, now, Phase.FAILED)
                 if record is not None:
                     tenant = split_state_key(state_key)[0]
-                    out.append(self.builder.dead_letter_for_exception(record, tenant))
+                    out += self.builder.outputs_for_exception(record, tenant, None)
             cached.stored_chunks = self._stored_count(chunk_key, state_key)
             cached.stored_parts = max(parts, self._stored_count(state_part_key, state_key))
             cached.stale_texts = legacy_text_keys(state_key, self.stored.texts)
@@ -456,8 +457,12 @@ class RecordProcessor:
                  now: float) -> list[Outgoing]:
         """The key's run fails; the key restarts empty. Never raises."""
         _log_contained(error, "processing error; the run was failed", record)
+        run: RunIdentity | None = None
         try:
             old = self._cache.pop(state_key, None)
+            if old is not None and old.engine.state.run is not None:
+                active = old.engine.state.run
+                run = RunIdentity(active.thread_id, active.run_id)
             if old is not None and old.engine.state.run is not None:
                 self._count_open(-1)
                 # Every encrypted value the failed run held is lost, as in any failure.
@@ -483,7 +488,7 @@ class RecordProcessor:
         except Exception as second:
             _log_contained(second, "could not reset the key after a processing error", record)
         try:
-            return [self.builder.dead_letter_for_exception(record, tenant)]
+            return self.builder.outputs_for_exception(record, tenant, run)
         except Exception as third:
             _log_contained(third, "could not build the dead letter of a processing error",
                            record)

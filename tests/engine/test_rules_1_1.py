@@ -131,10 +131,7 @@ def test_an_encrypted_value_for_an_earlier_runs_tool_call_continues_its_host() -
     replay = two_runs([*text("a", "x"), tc_start("c", parentMessageId="a"), tc_end("c")],
                       [enc("c", "v", subtype="tool-call")])
     assert entries(replay.concluded[1]) == [("continuation", {
-        "id": "a", "role": "assistant",
-        "toolCalls": [{"id": "c", "type": "function",
-                       "function": {"name": "lookup", "arguments": ""},
-                       "encryptedValue": "v"}]})]
+        "id": "a", "role": "assistant", "toolCalls": [{"id": "c", "encryptedValue": "v"}]})]
 
 
 def test_re_streaming_an_earlier_message_appends_to_it() -> None:
@@ -149,8 +146,7 @@ def test_reopening_an_earlier_tool_call_appends_its_arguments() -> None:
                       [tc_start("c"), tc_args("c", "1}"), tc_end("c")])
     assert entries(replay.concluded[1]) == [("continuation", {
         "id": "c", "role": "assistant",
-        "toolCalls": [{"id": "c", "type": "function",
-                       "function": {"name": "lookup", "arguments": "1}"}}]})]
+        "toolCalls": [{"id": "c", "function": {"arguments": "1}"}}]})]
 
 
 def test_a_call_whose_parent_an_earlier_run_delivered_joins_it() -> None:
@@ -456,3 +452,23 @@ def test_a_run_id_mismatch_names_its_known_cause() -> None:
     replay = play(run_started(), run_finished(run="r-other"))
     assert replay.failure_codes == ["run_id_mismatch"]
     assert "LangGraph's AG-UI adapter before 0.0.38" in replay.reasons[-1]
+
+
+def test_chunks_continuing_an_earlier_runs_message_may_repeat_what_it_established() -> None:
+    replay = two_runs([t_start("m", name="bot"), t_content("m", "a"), t_end("m")],
+                      [{"type": "TEXT_MESSAGE_CHUNK", "messageId": "m", "delta": "b"},
+                       {"type": "TEXT_MESSAGE_CHUNK", "name": "bot", "delta": "c"}])
+    assert replay.failures == []
+    assert entries(replay.concluded[1]) == [("continuation", {
+        "id": "m", "role": "assistant", "content": "bc"})]
+
+
+def test_a_replace_false_snapshot_leaves_an_earlier_runs_activity_as_it_stands() -> None:
+    replay = two_runs([act_snap("a", {"n": 1})], [act_snap("a", {"n": 2}, replace=False)])
+    assert replay.concluded[1].entries == []
+
+
+def test_an_unknown_event_type_is_named_when_it_looks_like_a_type() -> None:
+    replay = play_run({"type": "FUTURE_EVENT"}, {"type": "a secret sentence, not a type"})
+    assert "'FUTURE_EVENT'" in replay.reasons[0]
+    assert "secret" not in replay.reasons[1] and "(not shown)" in replay.reasons[1]

@@ -564,6 +564,10 @@ def test_an_internal_error_counts_the_failed_run_s_encrypted_values_as_lost(
     assert [d["code"] for d in dead_letters(out)] == ["processing_error"]
     lost = metrics.encrypted_content_lost.labels("run_failed")._value.get()
     assert lost == 1
+    # The run ended: its closing record says it failed, and why.
+    (closing,) = [orjson.loads(o.value) for o in out if o.topic == HISTORY]
+    assert (closing["runId"], closing["outcome"], closing["failure"]) == (
+        "r1", "failed", {"code": "processing_error"})
 
 
 def test_an_internal_error_fails_the_run_once_and_the_next_run_starts_clean(
