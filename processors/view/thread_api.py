@@ -14,9 +14,18 @@ the view has applied on the thread's partition. `min_offset=n` first waits
 (at most `max_wait` seconds) until that offset is at least n, woken by
 `ReadProgress.advanced()`, which the view's agent calls after applying records;
 if the view has not read that far by then the answer is 503. `run=<runId>`
-waits the same way until that run's closing record is in the view: what an
-agent server that has just finished a run asks before starting the thread's
-next one (it knows the run, not the history offset of its closing record).
+waits the same way until that run is complete in the view (its closing record
+and all its content records): what an agent server that has just finished a run
+asks before starting the thread's next one (it knows the run, not the history
+offset of its closing record). Every run that ends has a closing record (a failed
+one too), so the wait ends with the run; only a run whose closing record is not
+in the view after the wait is a 503. The messages answer then carries the run's
+summary as `run`.
+
+`complete` on the messages answer: false, with `incomplete` saying why, when a run
+of the thread did not echo RUN_STARTED.input (the thread may lack user messages),
+or when the run asked for has its closing record in the view but not all of its
+content records after the wait.
 
 Bodies name no message content; errors say what was wrong with the request,
 never what the view holds. An error inside the view is logged by kind only
@@ -36,7 +45,7 @@ import orjson
 
 from processors.safe_logging import log_exception_kind
 from processors.view.tenant_tokens import TenantTokens
-from processors.view.thread_view import Missing
+from processors.view.thread_view import Missing, RunStatus
 
 log = logging.getLogger("agui_stream")
 
@@ -64,11 +73,13 @@ class ThreadReader(Protocol):
 
     def runs(self, tenant: str, thread_id: str) -> list[dict[str, Any]] | Missing: ...
 
+    def unechoed_runs(self, tenant: str, thread_id: str) -> int: ...
+
     def read_offset(self, partition: int) -> int: ...
 
     def partition_for(self, tenant: str, thread_id: str) -> int: ...
 
-    def has_run(self, tenant: str, thread_id: str, run_id: str) -> bool: ...
+    def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None: ...
 
 
 class ReadProgress:
@@ -107,6 +118,7 @@ class _Request:
     thread_id: str
     partition: int
     after: str | None
+    run_id: str | None
 
 
 def _error(status: int, message: str, **extra: Any) -> ApiResponse:
@@ -144,6 +156,9 @@ class ThreadApi:
         try:
             messages = self.reader.messages(request.tenant, request.thread_id, request.after)
             offset = self.reader.read_offset(request.partition)
+            unechoed = self.reader.unechoed_runs(request.tenant, request.thread_id)
+            run = (None if request.run_id is None else
+                   self.reader.run_status(request.tenant, request.thread_id, request.run_id))
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not read a thread's messages", error)
             return _INTERNAL
@@ -151,8 +166,21 @@ class ThreadApi:
             return _NOT_FOUND
         if messages is Missing.AFTER:
             return _error(400, "after: the thread has no message with this id")
-        return ApiResponse(200, {"threadId": request.thread_id, "messages": messages,
-                                 "historyOffset": offset})
+        body: dict[str, Any] = {"threadId": request.thread_id, "messages": messages}
+        reasons = []
+        if unechoed:
+            reasons.append(f"{unechoed} run(s) of this thread did not echo RUN_STARTED.input,"
+                           " so user messages may be missing: producers should send the"
+                           " run's input in RUN_STARTED")
+        if run is not None and not run.complete:
+            reasons.append("the run's content records are not all in the view yet")
+        body["complete"] = not reasons
+        if reasons:
+            body["incomplete"] = "; ".join(reasons)
+        if run is not None:
+            body["run"] = run.summary
+        body["historyOffset"] = offset
+        return ApiResponse(200, body)
 
     async def runs(self, authorization: str | None, thread_id: str,
                    query: Mapping[str, str]) -> ApiResponse:
@@ -202,13 +230,19 @@ class ThreadApi:
                 return _error(503, "the view has not read the history up to min_offset yet",
                               historyOffset=self.reader.read_offset(partition))
             if run_id is not None and not await self.progress.wait_until(
-                    lambda: self.reader.has_run(tenant, thread_id, run_id), self.max_wait):
+                    lambda: self._complete(tenant, thread_id, run_id), self.max_wait) \
+                    and self.reader.run_status(tenant, thread_id, run_id) is None:
                 return _error(503, "the run's closing record is not in the view yet",
                               historyOffset=self.reader.read_offset(partition))
-            return _Request(tenant, thread_id, partition, after)
+            return _Request(tenant, thread_id, partition, after, run_id)
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not admit a thread API request", error)
             return _INTERNAL
+
+
+    def _complete(self, tenant: str, thread_id: str, run_id: str) -> bool:
+        status = self.reader.run_status(tenant, thread_id, run_id)
+        return status is not None and status.complete
 
 
 def _offset(text: str | None) -> int | ApiResponse | None:

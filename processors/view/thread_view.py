@@ -1,9 +1,12 @@
 """The thread view: each thread's messages and runs, read from the history topic.
 
-`ThreadView` applies history records (docs/topics.md, *History*) one at a time
-and keeps, per (tenant, threadId), the ordered list of the thread's messages
-(a message id seen again replaces its earlier version in place) and a summary
-of each run. It is sans-IO, like `RecordProcessor`: what must persist is kept
+`ThreadView` applies history records (docs/topics.md, *History*; schema v2, and
+v1 records still in the topic) one at a time and keeps, per (tenant, threadId),
+the thread's messages in order and a summary of each run: exactly what
+`topics.history_fold.fold_history` folds from the thread's records (it folds
+each record with that module's `fold_content` and `close_run`), with the
+ag-ui-protocol models as its `accept` test, so the API only ever holds messages
+they parse. It is sans-IO, like `RecordProcessor`: what must persist is kept
 in memory (write-behind) and handed out per history partition by
 `changes(partition)`, to be sent with that partition's next commit; reads see
 those changes at once (an overlay over the stored mapping).
@@ -12,18 +15,35 @@ Storage layout, one table (`VIEW_TABLE`), `T` = the thread's key (tenant and
 threadId, each length-prefixed so no two threads share a prefix):
 
 * `H T` — the thread's header (JSON): tenant, threadId, history partition,
-  message and run counts, first and last record time, and the runs whose
-  closing record has not come yet (runId -> time of their first record);
-* `M T <u32 position>` — one message (its AG-UI JSON, as in the record);
+  message positions and runs used, first and last record time, the runs not
+  complete yet (runId -> [time of their first record, 1 + the highest `seq`
+  of their content records applied, their closing record's `messageCount`
+  or null while it has not come]), and how many runs said `inputEchoed: false`;
+* `M T <u32 position>` — one message (its AG-UI JSON); a removed message
+  leaves a hole (no entry), so positions never move;
 * `I T <messageId>` — the position of that message id (u32), so a replacement
-  rewrites one message entry, never the thread;
-* `R T <u32 number>` — one run's summary (JSON: runId, outcome, messageCount,
-  firstTime, lastTime);
+  or a continuation reads and rewrites one message entry, never the thread,
+  and a removal deletes that entry and this one;
+* `R T <u32 number>` — one run's summary (JSON: runId, the closing fields of
+  `close_run` — outcome, messageCount, pendingToolCallIds, interrupts, usage,
+  error, failure, inputEchoed, late, those present — firstTime, lastTime);
 * `J T <runId>` — the number of that run's summary (u32): a run published twice
   (at-least-once) replaces its summary;
 * `P <u32 partition>` — the history offset the view has read up to on that
   partition (i64): records at or below it were applied already and are skipped
   (a replay after a crash); it is also what a consistent read waits for.
+
+A run is complete (`run_status`) once its closing record is in and its content
+records are: `messageCount` of them (their `seq` counts 0, 1, …). Duplicates are
+dropped as the fold drops them: a content record whose run already had its
+`seq` (a run's records come in seq order, so "1 + the highest seq" per open run
+says which, and a complete run has them all), a closing record after a late
+error. So a run published twice (at-least-once, a reprocessing) changes nothing
+the second time.
+
+Entries written by the release that read only v1 are read too: a header's open
+run as a bare time (complete at its closing record), a summary's `finished`
+(answered as `success`).
 
 Times are the history records' timestamps, in milliseconds. It is total:
 `apply` and `expire` never raise; a record the view cannot use is counted and
@@ -38,7 +58,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import orjson
 from ag_ui.core import Message
@@ -49,8 +69,8 @@ from processors.processing.outputs import Incoming
 from processors.processing.record_processor import StateChange
 from processors.safe_logging import log_exception_kind
 from topics.declarations import VIEW_TABLE
+from topics.history_fold import Closing, Content, Fold, close_run, fold_content, read_record
 from topics.partitioning import default_partition
-from topics.records import HistoryMessage, HistoryRun
 
 log = logging.getLogger("agui_stream")
 
@@ -71,11 +91,46 @@ class Missing(enum.Enum):
 class ViewCounts:
     """What became of the history records the view was handed."""
 
-    applied: int = 0  # changed the view
+    applied: int = 0  # folded into its thread
     replayed: int = 0  # at or below the partition's read offset: applied before
     threadless: int = 0  # a RUN_ERROR-only run's record (key `<tenant>/`)
     unusable: int = 0  # not a history record the view can use
+    # A content record of a thread that cannot fold into it (a continuation that
+    # cannot apply, a message the ag-ui-protocol models do not parse): the thread's
+    # messages are unchanged, its run counts the record as taken in.
+    ignored: int = 0
+    # A record its run already had (its content record with that seq; a closing
+    # record after a late error): an at-least-once duplicate or a reprocessing.
+    duplicates: int = 0
     expired_threads: int = 0  # removed by the retention
+
+
+class RunStatus(NamedTuple):
+    """A run whose closing record is in the view."""
+
+    summary: dict[str, Any]
+    complete: bool  # its content records are all in too
+
+
+@dataclass(slots=True)
+class OpenRun:
+    """A run not complete yet: its content records are coming, or its closing record
+    has come and counts more content records than have."""
+
+    first_time: int  # of its first record
+    # 1 + the highest seq of its content records applied; None: counted by the
+    # release that read only v1, which kept no count (complete at its closing record)
+    seen: int | None
+    expected: int | None = None  # its closing record's messageCount; None: not come
+
+    def encode(self) -> list[int | None]:
+        return [self.first_time, self.seen, self.expected]
+
+    @classmethod
+    def decode(cls, value: Any) -> OpenRun:
+        if isinstance(value, int):  # written by the release that read only v1
+            return cls(value, None)
+        return cls(*value)
 
 
 @dataclass(slots=True)
@@ -83,17 +138,20 @@ class ThreadHeader:
     tenant: str
     thread_id: str
     partition: int
-    messages: int
+    messages: int  # message positions used (removed messages leave holes)
     runs: int
     first_time: int
     last_time: int
-    open_runs: dict[str, int] = field(default_factory=dict)  # runId -> first record time
+    open_runs: dict[str, OpenRun] = field(default_factory=dict)
+    unechoed_runs: int = 0  # runs whose summary says inputEchoed: false
 
     def encode(self) -> bytes:
         return orjson.dumps({
             "tenant": self.tenant, "threadId": self.thread_id, "partition": self.partition,
             "messages": self.messages, "runs": self.runs, "firstTime": self.first_time,
-            "lastTime": self.last_time, "openRuns": self.open_runs,
+            "lastTime": self.last_time,
+            "openRuns": {run_id: run.encode() for run_id, run in self.open_runs.items()},
+            "unechoedRuns": self.unechoed_runs,
         })
 
     @classmethod
@@ -101,7 +159,9 @@ class ThreadHeader:
         fields = orjson.loads(value)
         return cls(fields["tenant"], fields["threadId"], fields["partition"],
                    fields["messages"], fields["runs"], fields["firstTime"],
-                   fields["lastTime"], fields["openRuns"])
+                   fields["lastTime"],
+                   {run_id: OpenRun.decode(run) for run_id, run in fields["openRuns"].items()},
+                   fields.get("unechoedRuns", 0))
 
 
 def thread_key(tenant: str, thread_id: str) -> bytes:
@@ -194,16 +254,22 @@ class ThreadView:
             if parsed is None:
                 self.counts.unusable += 1
                 return
-            if parsed.threadId is None:
+            if parsed.thread_id is None:
                 self.counts.threadless += 1
                 return
-            if parsed.runId is None:  # every run with a thread has a run id
+            if parsed.run_id is None:  # every run with a thread has a run id
                 self.counts.unusable += 1
                 return
             when = (int(self.clock() * 1000) if record.timestamp is None
                     else record.timestamp)
-            self._apply(part, record.partition, parsed, parsed.threadId, parsed.runId, when)
-            self.counts.applied += 1
+            outcome = self._apply(part, record.partition, parsed, parsed.thread_id,
+                                  parsed.run_id, when)
+            if outcome is Fold.IGNORED:
+                self.counts.ignored += 1
+            elif outcome is _DUPLICATE:
+                self.counts.duplicates += 1
+            else:
+                self.counts.applied += 1
         except Exception as error:
             self.counts.unusable += 1
             log_exception_kind(log, logging.ERROR, "could not apply a history record to the"
@@ -247,20 +313,37 @@ class ThreadView:
         return list(self._entries(message_key(thread, p) for p in range(start, header.messages)))
 
     def runs(self, tenant: str, thread_id: str) -> list[dict[str, Any]] | Missing:
-        """The summaries of the thread's runs, in the order their records came."""
+        """The summaries of the thread's runs, in the order of their first closing
+        record."""
         thread = thread_key(tenant, thread_id)
         header = self._header(thread)
         if header is None:
             return Missing.THREAD
-        return list(self._entries(run_key(thread, n) for n in range(header.runs)))
+        return [_current(summary) for summary in
+                self._entries(run_key(thread, n) for n in range(header.runs))]
+
+    def unechoed_runs(self, tenant: str, thread_id: str) -> int:
+        """How many of the thread's runs said `inputEchoed: false` (their RUN_STARTED
+        carried no input: the thread may lack user messages); 0 for no thread."""
+        header = self._header(thread_key(tenant, thread_id))
+        return 0 if header is None else header.unechoed_runs
 
     def read_offset(self, partition: int) -> int:
         """The last history offset applied on `partition` (`NOTHING_READ`: none)."""
         return self._part(partition).read_offset
 
-    def has_run(self, tenant: str, thread_id: str, run_id: str) -> bool:
-        """Whether the run's closing record is in the view."""
-        return self._get(run_index_key(thread_key(tenant, thread_id), run_id)) is not None
+    def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None:
+        """The run's summary and whether it is complete; None while its closing record
+        is not in the view."""
+        thread = thread_key(tenant, thread_id)
+        number = self._position(run_index_key(thread, run_id))
+        if number is None:
+            return None
+        summary = self._get(run_key(thread, number))
+        header = self._header(thread)
+        if summary is None or header is None:
+            return None
+        return RunStatus(_current(orjson.loads(summary)), run_id not in header.open_runs)
 
     def threads_held(self, partitions: Iterable[int]) -> int:
         """How many threads the view holds on `partitions` (those the worker owns)."""
@@ -303,34 +386,106 @@ class ThreadView:
 
     # --- internals -------------------------------------------------------------------
 
-    def _apply(self, part: _Partition, partition: int, parsed: HistoryMessage | HistoryRun,
-               thread_id: str, run_id: str, when: int) -> None:
+    def _apply(self, part: _Partition, partition: int, parsed: Content | Closing,
+               thread_id: str, run_id: str, when: int) -> object:
+        """Fold the record into its thread: `Fold.IGNORED` if it could not fold,
+        `_DUPLICATE` if its run had it already (nothing changes), else None."""
         thread = thread_key(parsed.tenant, thread_id)
         header = self._header(thread) or ThreadHeader(parsed.tenant, thread_id, partition,
                                                       0, 0, when, when)
+        outcome: object = None
+        if isinstance(parsed, Content):
+            if not self._taken_in(thread, header, run_id, parsed.seq, when):
+                return _DUPLICATE
+            if not self._fold(part, thread, header, parsed):
+                outcome = Fold.IGNORED
+        elif not self._close(part, thread, header, run_id, parsed.fields, when):
+            return _DUPLICATE
         header.last_time = max(header.last_time, when)
-        if isinstance(parsed, HistoryMessage):
-            position, header.messages = self._place(
-                part, message_index_key(thread, parsed.message["id"]), header.messages)
-            self._put(part, message_key(thread, position), orjson.dumps(parsed.message))
-            header.open_runs.setdefault(run_id, when)
-        else:
-            number, header.runs = self._place(part, run_index_key(thread, run_id), header.runs)
-            summary = {"runId": run_id, "outcome": parsed.outcome,
-                       "messageCount": parsed.messageCount,
-                       "firstTime": header.open_runs.pop(run_id, when), "lastTime": when}
-            self._put(part, run_key(thread, number), orjson.dumps(summary))
         self._put(part, header_key(thread), header.encode())
         part.threads[thread] = header.last_time
+        return outcome
 
-    def _place(self, part: _Partition, index_key: bytes, count: int) -> tuple[int, int]:
-        """The position of an id (its earlier one, or a new one at the end; stored in
-        the index) and the list's new length."""
-        position = self._position(index_key)
+    def _fold(self, part: _Partition, thread: bytes, header: ThreadHeader,
+              record: Content) -> bool:
+        """`fold_content` on the stored thread: reads the held message only for a
+        continuation, and writes the one message entry (and index) it changes."""
+        index = message_index_key(thread, record.message_id)
+        position = self._position(index)
+        held: dict[str, Any] | None = None
         if position is not None:
-            return position, count
-        self._put(part, index_key, _U32.pack(count))
-        return count, count + 1
+            if record.kind == "continuation":
+                stored = self._get(message_key(thread, position))
+                held = None if stored is None else orjson.loads(stored)
+            else:
+                held = _HELD_UNREAD
+        folded = fold_content(record, held, parses_as_message)
+        if isinstance(folded, dict):
+            if position is None:
+                position = header.messages
+                header.messages += 1
+                self._put(part, index, _U32.pack(position))
+            self._put(part, message_key(thread, position), orjson.dumps(folded))
+        elif folded is Fold.REMOVED and position is not None:
+            self._put(part, message_key(thread, position), None)
+            self._put(part, index, None)
+        return folded is not Fold.IGNORED
+
+    def _taken_in(self, thread: bytes, header: ThreadHeader, run_id: str, seq: int,
+                  when: int) -> bool:
+        """A content record of the run is in: count it towards the run's completion.
+        False if the run had it already: the fold's (runId, seq) identity, kept as
+        "1 + the highest seq", since a run's records come in seq order (they are
+        written in one transaction), and as nothing once the run is complete."""
+        run = header.open_runs.get(run_id)
+        if run is None:
+            if self._get(run_index_key(thread, run_id)) is not None:
+                return False  # complete already: a duplicate, or the run published again
+            run = header.open_runs[run_id] = OpenRun(when, 0)
+        elif run.seen is not None and seq < run.seen:
+            return False
+        if run.seen is not None:
+            run.seen = seq + 1
+        if run.expected is not None and (run.seen is None or run.seen >= run.expected):
+            del header.open_runs[run_id]
+        return True
+
+    def _close(self, part: _Partition, thread: bytes, header: ThreadHeader, run_id: str,
+               fields: dict[str, Any], when: int) -> bool:
+        """A closing record: the run's summary becomes its fate (`close_run`). False
+        if the run's fate is a late error already (final: a duplicate)."""
+        index = run_index_key(thread, run_id)
+        number = self._position(index)
+        previous: dict[str, Any] | None = None
+        if number is not None:
+            stored = self._get(run_key(thread, number))
+            previous = None if stored is None else orjson.loads(stored)
+            if previous is not None and previous.get("late") is True:
+                return False
+        else:
+            number = header.runs
+            header.runs += 1
+            self._put(part, index, _U32.pack(number))
+        fate = close_run(previous, fields)
+        run = header.open_runs.get(run_id)
+        count = fate.get("messageCount")
+        if run is not None:
+            first_time = run.first_time
+            if count is None or run.seen is None or run.seen >= count:
+                del header.open_runs[run_id]
+            else:
+                run.expected = count
+        else:
+            first_time = when if previous is None else previous["firstTime"]
+            if previous is None and count:  # its content records have not come (yet)
+                header.open_runs[run_id] = OpenRun(when, 0, count)
+        if previous is not None and previous.get("inputEchoed") is False:
+            header.unechoed_runs -= 1
+        if fate.get("inputEchoed") is False:
+            header.unechoed_runs += 1
+        summary = {"runId": run_id, **fate, "firstTime": first_time, "lastTime": when}
+        self._put(part, run_key(thread, number), orjson.dumps(summary))
+        return True
 
     def _delete_thread(self, part: _Partition, thread: bytes, header: ThreadHeader) -> None:
         for position in range(header.messages):
@@ -393,20 +548,38 @@ class ThreadView:
                 yield orjson.loads(value)
 
 
-def _parse(record: Incoming) -> HistoryMessage | HistoryRun | None:
-    """The history record, if it is one the view can use: a valid record whose key
-    is its tenant and thread, and whose message parses as an AG-UI message."""
+_DUPLICATE: Final = object()  # what `_apply` says of a record its run had already
+# What `_fold` passes as the held message when the record's kind does not read it.
+_HELD_UNREAD: Final[dict[str, Any]] = {}
+
+
+def parses_as_message(message: dict[str, Any]) -> bool:
+    """The view's `accept`: the message parses with the ag-ui-protocol models (what the
+    API promises of every message it answers)."""
+    try:
+        _MESSAGE.validate_python(message)
+    except ValidationError:
+        return False
+    return True
+
+
+def _current(summary: dict[str, Any]) -> dict[str, Any]:
+    """A stored run summary as this release answers it (the release that read only v1
+    stored `finished` for `success`)."""
+    if summary.get("outcome") == "finished":
+        return {**summary, "outcome": "success"}
+    return summary
+
+
+def _parse(record: Incoming) -> Content | Closing | None:
+    """The history record, if it is one the view can use (`read_record`), under the
+    key of its tenant and thread."""
     try:
         fields = orjson.loads(record.value)
-        if not isinstance(fields, dict):
-            return None
-        parsed: HistoryMessage | HistoryRun
-        if fields.get("kind") == "message":
-            parsed = HistoryMessage.model_validate(fields)
-            _MESSAGE.validate_python(parsed.message)
-        else:
-            parsed = HistoryRun.model_validate(fields)
-    except (orjson.JSONDecodeError, ValidationError):
+    except orjson.JSONDecodeError:
         return None
-    expected_key = f"{parsed.tenant}/{parsed.threadId or ''}".encode()
+    parsed = read_record(fields)
+    if parsed is None:
+        return None
+    expected_key = f"{parsed.tenant}/{parsed.thread_id or ''}".encode()
     return parsed if record.key == expected_key else None

@@ -9,15 +9,19 @@ import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import orjson
 import pytest
-from ag_ui.core import AssistantMessage, ReasoningMessage, UserMessage
+from ag_ui.core import AssistantMessage, ReasoningMessage, RunAgentInput, UserMessage
 
 from processors.view.client import (
+    RunSummary,
     ThreadApiError,
     ThreadApiUnreachable,
     ThreadNotFound,
     Unauthorized,
     fetch_thread_messages,
+    fetch_thread_runs,
+    read_thread_messages,
 )
 from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import ThreadApi
@@ -27,17 +31,22 @@ from tests.view_helpers import History, assistant, feed, user
 TOKEN = "acme-token"
 THREAD = "thread 1/ä?"  # quoted into one path segment
 REASONING = {"id": "m2", "role": "reasoning", "content": "step",
-             "encryptedValue": "gAAAA\u00e9==/+"}
+             "encryptedValue": "gAAAA\u00e9==/+", "encryptedValueType": "kms/\u00e9\u2028"}
+TOOL_CALL = {"id": "m4", "role": "assistant", "toolCalls": [
+    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"},
+     "encryptedValue": "zz\U0001f600", "encryptedValueType": "t"}],
+    "encryptedValue": "yy", "encryptedValueType": "u"}
 
 
 def serve(api: ThreadApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
-            segments = url.path.split("/")  # '', v1, threads, <id>, messages
-            if len(segments) == 5 and segments[1:3] == ["v1", "threads"] \
-                    and segments[4] == "messages":
-                response = asyncio.run(api.messages(
+            segments = url.path.split("/")  # '', v1, threads, <id>[, messages]
+            route = {4: api.runs, 5: api.messages}.get(len(segments))
+            if route is not None and segments[1:3] == ["v1", "threads"] \
+                    and segments[4:] in ([], ["messages"]):
+                response = asyncio.run(route(
                     self.headers.get("Authorization"), urllib.parse.unquote(segments[3]),
                     dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))))
                 self.send_response(response.status)
@@ -59,7 +68,11 @@ def serve(api: ThreadApi) -> type[BaseHTTPRequestHandler]:
 @pytest.fixture
 def base_url() -> Iterator[str]:
     view = ThreadView({}, partitions=1, retention_seconds=86_400.0)
-    feed(view, History().run(THREAD, "r1", [user("m1"), REASONING, assistant("m3")]))
+    history = History()
+    feed(view, history.run(THREAD, "r1", [user("m1"), REASONING, assistant("m3")],
+                           inputEchoed=True))
+    feed(view, history.run(THREAD, "r2", [TOOL_CALL], pendingToolCallIds=["c1"],
+                           inputEchoed=False))
     api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2)
     server = ThreadingHTTPServer(("127.0.0.1", 0), serve(api))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -73,14 +86,54 @@ def base_url() -> Iterator[str]:
 
 def test_the_messages_come_back_as_ag_ui_models(base_url: str) -> None:
     messages = fetch_thread_messages(base_url, TOKEN, THREAD)
-    assert [type(m) for m in messages] == [UserMessage, ReasoningMessage, AssistantMessage]
+    assert [type(m) for m in messages] == [UserMessage, ReasoningMessage, AssistantMessage,
+                                           AssistantMessage]
     assert messages[1].encrypted_value == REASONING["encryptedValue"]
+
+
+def test_an_encrypted_value_and_its_type_round_trip_unchanged(base_url: str) -> None:
+    """ag-ui-protocol 1.0 has no `encryptedValueType` field; its models keep it as an
+    extra key, and give it back as it came, on messages and tool calls."""
+    messages = fetch_thread_messages(base_url, TOKEN, THREAD)
+    reasoning, tool_call = messages[1], messages[3]
+    assert reasoning.model_extra == {"encryptedValueType": REASONING["encryptedValueType"]}
+    assert reasoning.model_dump(by_alias=True, exclude_none=True) == REASONING
+    assert tool_call.model_dump(by_alias=True, exclude_none=True) == TOOL_CALL
+    assert isinstance(tool_call, AssistantMessage) and tool_call.tool_calls is not None
+    assert tool_call.tool_calls[0].model_extra == {"encryptedValueType": "t"}
+    run_input = RunAgentInput(thread_id=THREAD, run_id="r3", state={}, tools=[], context=[],
+                              forwarded_props={}, messages=[reasoning, tool_call])
+    sent = orjson.loads(run_input.model_dump_json(by_alias=True, exclude_none=True))
+    assert sent["messages"] == [REASONING, TOOL_CALL]
+
+
+def test_the_rest_of_the_answer_is_read_too(base_url: str) -> None:
+    thread = read_thread_messages(base_url, TOKEN, THREAD, run="r2")
+    assert [m.id for m in thread.messages] == ["m1", "m2", "m3", "m4"]
+    assert thread.complete is False and thread.incomplete is not None
+    assert "RUN_STARTED.input" in thread.incomplete
+    assert thread.history_offset == 5
+    assert thread.run is not None and thread.run.run_id == "r2"
+    assert thread.run.pending_tool_call_ids == ["c1"] and thread.run.input_echoed is False
+
+
+def test_the_runs_come_back_as_summaries(base_url: str) -> None:
+    runs = fetch_thread_runs(base_url, TOKEN, THREAD, run="r1")
+    assert runs.history_offset == 5
+    assert runs.runs == [
+        RunSummary(run_id="r1", outcome="success", message_count=3, input_echoed=True,
+                   first_time=runs.runs[0].first_time, last_time=runs.runs[0].last_time),
+        RunSummary(run_id="r2", outcome="success", message_count=1,
+                   pending_tool_call_ids=["c1"], input_echoed=False,
+                   first_time=runs.runs[1].first_time, last_time=runs.runs[1].last_time)]
+    with pytest.raises(ThreadNotFound):
+        fetch_thread_runs(base_url, TOKEN, "other")
 
 
 def test_after_run_and_min_offset_are_passed_on(base_url: str) -> None:
     messages = fetch_thread_messages(base_url + "/", TOKEN, THREAD, "m1", min_offset=3)
-    assert [m.id for m in messages] == ["m2", "m3"]
-    assert len(fetch_thread_messages(base_url, TOKEN, THREAD, run="r1")) == 3
+    assert [m.id for m in messages] == ["m2", "m3", "m4"]
+    assert len(fetch_thread_messages(base_url, TOKEN, THREAD, run="r1")) == 4
     with pytest.raises(ThreadApiError) as raised:  # a run the view never gets: 503
         fetch_thread_messages(base_url, TOKEN, THREAD, run="r-unknown")
     assert raised.value.status == 503

@@ -12,8 +12,9 @@ from ag_ui.core import RunAgentInput
 
 from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import ApiResponse, ReadProgress, ThreadApi
-from processors.view.thread_view import Missing, ThreadView
-from tests.view_helpers import History, assistant, feed, user
+from processors.view.thread_view import Missing, RunStatus, ThreadView
+from tests.view_helpers import History, assistant, continued, feed, user
+from topics.records import HistoryMessage, HistoryRun
 
 ACME = "Bearer acme-token"
 GLOBEX = "Bearer globex-token"
@@ -21,7 +22,7 @@ TOKENS = TenantTokens.parse(
     f"{token_line('acme', 'acme-token')}\n{token_line('globex', 'globex-token')}", "tokens")
 
 REASONING = {"id": "m2", "role": "reasoning", "content": "step by step",
-             "encryptedValue": "gAAAA\u00e9==/+"}
+             "encryptedValue": "gAAAA\u00e9==/+", "encryptedValueType": "kms/v1\u2028"}
 TOOL_CALL = {"id": "m3", "role": "assistant", "toolCalls": [
     {"id": "c1", "type": "function",
      "function": {"name": "search", "arguments": "{\"q\": 1}"}, "encryptedValue": "zz"}]}
@@ -65,7 +66,23 @@ def test_messages_are_what_the_next_run_takes() -> None:
 
 
 def test_encrypted_values_come_back_byte_for_byte_in_the_response() -> None:
-    assert b'"encryptedValue":"gAAAA\xc3\xa9==/+"' in messages(api()).json()
+    body = messages(api()).json()
+    assert b'"encryptedValue":"gAAAA\xc3\xa9==/+","encryptedValueType":"kms/v1\xe2\x80\xa8"' \
+        in body
+
+
+def test_a_thread_whose_runs_echoed_their_input_is_complete() -> None:
+    body = messages(api()).body
+    assert body["complete"] is True and "incomplete" not in body
+
+
+def test_a_run_that_did_not_echo_its_input_makes_the_thread_incomplete() -> None:
+    view, history = fed_view()
+    feed(view, history.run("t1", "r3", [assistant("m7")], inputEchoed=False))
+    body = messages(ThreadApi(view, TOKENS)).body
+    assert body["complete"] is False
+    assert "RUN_STARTED.input" in body["incomplete"] and len(body["incomplete"]) < 200
+    assert [m["id"] for m in body["messages"]][-1] == "m7"  # the messages all the same
 
 
 def test_after_reads_incrementally() -> None:
@@ -86,6 +103,21 @@ def test_runs_lists_each_run_with_its_outcome_and_count() -> None:
     assert [(run["runId"], run["outcome"], run["messageCount"])
             for run in response.body["runs"]] == [("r1", "success", 4), ("r2", "error", 2)]
     assert response.body["historyOffset"] == 7
+
+
+def test_runs_carry_the_closing_records_fields_and_a_late_error() -> None:
+    view, history = fed_view()
+    feed(view, history.run("t1", "r3", [assistant("m7")], outcome="interrupt",
+                           interrupts=[{"id": "i1"}], inputEchoed=True))
+    feed(view, [history.late_error("t1", "r1")])
+    body = runs(ThreadApi(view, TOKENS)).body
+    by_id = {run["runId"]: run for run in body["runs"]}
+    assert by_id["r1"]["outcome"] == "error" and by_id["r1"]["late"] is True
+    assert by_id["r1"]["messageCount"] == 4
+    assert by_id["r3"]["interrupts"] == [{"id": "i1"}] and by_id["r3"]["inputEchoed"] is True
+    # The late error kept the run's messages.
+    assert [m["id"] for m in messages(ThreadApi(view, TOKENS)).body["messages"]][:4] == [
+        "m1", "m2", "m3", "m4"]
 
 
 @pytest.mark.parametrize("route", [messages, runs])
@@ -175,6 +207,74 @@ def test_a_request_for_a_run_waits_for_its_closing_record() -> None:
     assert response.status == 200 and response.body["runs"][-1]["runId"] == "r3"
 
 
+def test_the_messages_for_a_run_carry_its_summary() -> None:
+    response = messages(api(max_wait=0.0), run="r2")
+    assert response.status == 200 and response.body["complete"] is True
+    assert response.body["run"]["runId"] == "r2" and response.body["run"]["outcome"] == "error"
+    assert "run" not in messages(api()).body
+
+
+def test_a_failed_run_ends_the_wait_at_its_closing_record() -> None:
+    """A failed run publishes its closing record (no content): the wait for it ends
+    there, with the messages held and the run's outcome, not with a 503 at the end."""
+    view, history = fed_view()
+    thread_api = ThreadApi(view, TOKENS, max_wait=30.0)
+
+    async def scenario() -> ApiResponse:
+        request = asyncio.create_task(thread_api.messages(ACME, "t1", {"run": "r3"}))
+        await asyncio.sleep(0.01)
+        assert not request.done()
+        feed(view, history.run("t1", "r3", [], outcome="failed",
+                               failure={"code": "orphan_event"}))
+        thread_api.progress.advanced()
+        return await asyncio.wait_for(request, 1.0)
+
+    response = asyncio.run(scenario())
+    assert response.status == 200
+    assert response.body["run"]["outcome"] == "failed"
+    assert response.body["run"]["failure"] == {"code": "orphan_event"}
+    assert len(response.body["messages"]) == 6 and response.body["complete"] is True
+
+
+def test_a_run_waits_for_the_content_records_its_closing_record_counts() -> None:
+    view, history = fed_view()
+    thread_api = ThreadApi(view, TOKENS, max_wait=30.0)
+    key = b"acme/t1"
+    first = history.record(key, HistoryMessage.encode("acme", "t1", "r3", 0, user("m7")))
+    closing = history.record(key, HistoryRun(tenant="acme", threadId="t1", runId="r3",
+                                             outcome="success", messageCount=2).to_bytes())
+    last = history.record(key, HistoryMessage.encode("acme", "t1", "r3", 1, user("m8")))
+
+    async def scenario() -> ApiResponse:
+        request = asyncio.create_task(thread_api.messages(ACME, "t1", {"run": "r3"}))
+        for record in (first, closing):
+            feed(view, [record])
+            thread_api.progress.advanced()
+            await asyncio.sleep(0)
+            assert not request.done()
+        feed(view, [last])
+        thread_api.progress.advanced()
+        return await asyncio.wait_for(request, 1.0)
+
+    response = asyncio.run(scenario())
+    assert response.status == 200 and response.body["complete"] is True
+    assert [m["id"] for m in response.body["messages"]][-2:] == ["m7", "m8"]
+
+
+def test_a_closed_run_missing_content_records_after_the_wait_is_200_and_incomplete() -> None:
+    view, history = fed_view()
+    feed(view, [history.record(b"acme/t1", HistoryRun(
+        tenant="acme", threadId="t1", runId="r3", outcome="success",
+        messageCount=1).to_bytes())])
+    feed(view, history.run("t1", "r4", [continued(user("m1", "!"))])[:1])  # r4 still open
+    response = messages(ThreadApi(view, TOKENS, max_wait=0.05), run="r3")
+    assert response.status == 200 and response.body["complete"] is False
+    assert response.body["incomplete"] == "the run's content records are not all in the view yet"
+    assert response.body["run"]["runId"] == "r3"
+    assert runs(ThreadApi(view, TOKENS, max_wait=0.05), run="r3").status == 200
+    assert messages(ThreadApi(view, TOKENS, max_wait=0.05), run="r4").status == 503
+
+
 def test_a_run_not_in_the_view_in_time_is_503_and_an_empty_run_400() -> None:
     assert messages(api(max_wait=0.05), run="r9").status == 503
     assert messages(api(max_wait=0.0), run="r1").status == 200
@@ -206,14 +306,17 @@ class BrokenReader:
     def runs(self, tenant: str, thread_id: str) -> list[dict[str, Any]] | Missing:
         raise ValueError(REASONING["content"])  # as a JSON error could
 
+    def unechoed_runs(self, tenant: str, thread_id: str) -> int:
+        return 0
+
     def read_offset(self, partition: int) -> int:
         return 0
 
     def partition_for(self, tenant: str, thread_id: str) -> int:
         return 0
 
-    def has_run(self, tenant: str, thread_id: str, run_id: str) -> bool:
-        return True
+    def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None:
+        return RunStatus({"runId": run_id, "outcome": "success"}, True)
 
 
 @pytest.mark.parametrize("route", [messages, runs])

@@ -3,7 +3,6 @@ replays, write-behind, retention, reloading, and poison input."""
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -11,68 +10,34 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from processors.processing.record_processor import StateChange
 from processors.view.thread_view import (
     NOTHING_READ,
     Missing,
+    RunStatus,
     ThreadView,
     header_key,
     history_partition,
+    message_index_key,
     message_key,
+    run_key,
     thread_key,
 )
 from tests.memory_helpers import bytes_left_allocated
-from tests.view_helpers import T0, History, assistant, feed, user
+from tests.view_helpers import (
+    RETENTION,
+    T0,
+    History,
+    Store,
+    as_input,
+    assistant,
+    continued,
+    feed,
+    removed,
+    user,
+)
 from topics.records import HistoryMessage, HistoryRun
 
 DAY = 86_400.0
-RETENTION = 30 * DAY
-
-
-class Store:
-    """The committed table as a dict; counts full scans (`items()`)."""
-
-    def __init__(self) -> None:
-        self.data: dict[bytes, bytes] = {}
-        self.scans = 0
-
-    def view(self, clock: float = T0 / 1000) -> ThreadView:
-        return ThreadView(ScanCounting(self), partitions=4, retention_seconds=RETENTION,
-                          clock=lambda: clock)
-
-    def commit(self, view: ThreadView) -> list[StateChange]:
-        changes = [change for partition in view.dirty_partitions()
-                   for change in view.changes(partition)]
-        self.apply(view, changes)
-        return changes
-
-    def apply(self, view: ThreadView, changes: list[StateChange]) -> None:
-        for change in changes:
-            if change.value is None:
-                self.data.pop(change.key, None)
-            else:
-                self.data[change.key] = change.value
-        view.changes_applied(changes)
-
-
-class ScanCounting(Mapping[bytes, bytes]):
-    """The store's dict, read through a mapping that counts `items()` calls."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def __getitem__(self, key: bytes) -> bytes:
-        return self.store.data[key]
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.store.data)
-
-    def __len__(self) -> int:
-        return len(self.store.data)
-
-    def items(self) -> ItemsView[bytes, bytes]:
-        self.store.scans += 1
-        return self.store.data.items()
 
 
 def ids(view: ThreadView, thread: str = "t1", tenant: str = "acme",
@@ -187,10 +152,14 @@ def test_records_without_a_thread_are_ignored_and_unusable_ones_counted() -> Non
     wrong_key = HistoryMessage.encode("acme", "t1", "r1", 0, user("m1"))
     feed(view, [history.record(b"acme/", threadless),
                 history.record(b"acme/t1", b"not json"),
-                history.record(b"acme/t1", not_a_message),
                 history.record(b"acme/t2", wrong_key)])
-    assert (view.counts.threadless, view.counts.unusable, view.counts.applied) == (1, 3, 0)
+    assert (view.counts.threadless, view.counts.unusable, view.counts.applied) == (1, 2, 0)
     assert view.messages("acme", "t1") is Missing.THREAD
+    # A record of the thread whose message the ag-ui-protocol models do not parse: the
+    # thread's messages are unchanged, its run counts it as taken in.
+    feed(view, [history.record(b"acme/t1", not_a_message)])
+    assert (view.counts.ignored, view.counts.applied) == (1, 0)
+    assert view.messages("acme", "t1") == []
     assert view.read_offset(0) == 3  # read past them all the same
 
 
@@ -203,6 +172,255 @@ def test_a_record_without_timestamp_is_dated_by_the_clock() -> None:
     feed(view, history.run("t1", "r1", [])[-1:])
     runs = view.runs("acme", "t1")
     assert isinstance(runs, list) and runs[0]["firstTime"] == 12_500
+
+
+def summaries(view: ThreadView, thread: str = "t1") -> list[dict[str, Any]]:
+    """The thread's run summaries without their times."""
+    runs = view.runs("acme", thread)
+    assert isinstance(runs, list), runs
+    return [{k: v for k, v in run.items() if k not in ("firstTime", "lastTime")}
+            for run in runs]
+
+
+def held(view: ThreadView, thread: str = "t1") -> list[dict[str, Any]]:
+    messages = view.messages("acme", thread)
+    assert isinstance(messages, list), messages
+    return messages
+
+
+# --- v2: inputs, continuations, removals, closing records -----------------------------
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": "{\"q\""}}
+
+
+def test_a_continuation_adds_what_a_later_run_added_to_a_held_message() -> None:
+    store, history = Store(), History()
+    view = store.view()
+    feed(view, history.run("t1", "r1", [
+        user("u1"),
+        {"id": "a1", "role": "assistant", "content": "Hel", "toolCalls": [CALL],
+         "encryptedValue": "old", "encryptedValueType": "kms/1", "metadata": {"a": 1, "b": 2}},
+        user("u2")]))
+    store.commit(view)
+    feed(view, history.run("t1", "r2", [continued({
+        "id": "a1", "role": "assistant", "content": "lo",
+        "toolCalls": [{"id": "c1", "function": {"arguments": ": 1}"}, "encryptedValue": "cv",
+                       "encryptedValueType": "kms/2"},
+                      {"id": "c2", "type": "function",
+                       "function": {"name": "fetch", "arguments": "{}"}}],
+        "encryptedValue": "new", "metadata": {"b": 3, "c": 4}})]))
+    assert held(view)[1] == {
+        "id": "a1", "role": "assistant", "content": "Hello",
+        "toolCalls": [{**CALL, "function": {"name": "search", "arguments": "{\"q\": 1}"},
+                       "encryptedValue": "cv", "encryptedValueType": "kms/2"},
+                      {"id": "c2", "type": "function",
+                       "function": {"name": "fetch", "arguments": "{}"}}],
+        # the value without a type: the held type is removed with the old value
+        "encryptedValue": "new", "metadata": {"a": 1, "b": 3, "c": 4}}
+    assert [m["id"] for m in held(view)] == ["u1", "a1", "u2"]
+    # It rewrote the one message entry; the others and the index stay.
+    thread = thread_key("acme", "t1")
+    written = {change.key for change in store.commit(view)}
+    assert message_key(thread, 1) in written
+    assert not written & {message_key(thread, 0), message_key(thread, 2),
+                          message_index_key(thread, "a1")}
+
+
+def test_a_continuation_of_a_message_not_held_is_appended_as_it_is() -> None:
+    history, view = History(), Store().view()
+    reasoning = {"id": "x1", "role": "reasoning", "content": "more",
+                 "encryptedValue": "e", "encryptedValueType": "t"}
+    feed(view, history.run("t1", "r1", [user("u1"), continued(reasoning)]))
+    assert held(view) == [user("u1"), reasoning]
+
+
+def test_a_continuation_that_cannot_apply_is_ignored_and_still_completes_its_run() -> None:
+    history, view = History(), Store().view()
+    activity = {"id": "act", "role": "activity", "activityType": "plan", "content": {"s": 1}}
+    feed(view, history.run("t1", "r1", [activity]))
+    feed(view, history.run("t1", "r2", [
+        continued({"id": "act", "role": "activity", "content": "text"}),  # to an object
+        continued({"id": "u9", "role": "user", "encryptedValue": "e"})]))  # no content
+    assert held(view) == [activity]
+    assert view.counts.ignored == 2
+    status = view.run_status("acme", "t1", "r2")
+    assert status is not None and status.complete
+
+
+def test_an_input_is_added_when_absent_and_never_replaces() -> None:
+    history, view = History(), Store().view()
+    feed(view, history.run("t1", "r1", [as_input(user("u1", "first")), assistant("a1")]))
+    feed(view, history.run("t1", "r2", [as_input(user("u1", "restated")),
+                                       as_input(user("u2")), assistant("a2")]))
+    assert [(m["id"], m["content"]) for m in held(view)] == [
+        ("u1", "first"), ("a1", "hello"), ("u2", "hi"), ("a2", "hello")]
+
+
+def test_a_removal_removes_a_message_an_earlier_run_delivered() -> None:
+    store, history = Store(), History()
+    view = store.view()
+    feed(view, history.run("t1", "r1", [user("u1"), assistant("a1"), user("u2")]))
+    store.commit(view)
+    feed(view, history.run("t1", "r2", [removed("a1"), removed("never-held"), assistant("a2")]))
+    assert ids(view) == ["u1", "u2", "a2"]
+    assert ids(view, after="u1") == ["u2", "a2"]
+    assert view.messages("acme", "t1", after="a1") is Missing.AFTER
+    thread = thread_key("acme", "t1")
+    written = {change.key: change.value for change in store.commit(view)}
+    assert written[message_key(thread, 1)] is None
+    assert written[message_index_key(thread, "a1")] is None
+    # The id sent again later is a new message, at the end.
+    feed(view, history.run("t1", "r3", [assistant("a1", "back")]))
+    assert ids(view) == ["u1", "u2", "a2", "a1"]
+    store.commit(view)
+    assert ids(store.view()) == ["u1", "u2", "a2", "a1"]
+    # Retention removes a thread with holes entirely.
+    view.expire(0, T0 / 1000 + RETENTION + 1)
+    store.commit(view)
+    assert not [key for key in store.data if thread in key]
+
+
+def test_run_summaries_carry_the_closing_records_fields() -> None:
+    history, view = History(), Store().view()
+    feed(view, history.run("t1", "r1", [user("u1")], outcome="interrupt",
+                           interrupts=[{"id": "i1", "reason": "approval"}], inputEchoed=True,
+                           usage=[{"inputTokens": 3}]))
+    feed(view, history.run("t1", "r2", [assistant("a1")], pendingToolCallIds=["c9"],
+                           inputEchoed=False))
+    feed(view, history.run("t1", "r3", [], outcome="failed",
+                           failure={"code": "orphan_event"}, inputEchoed=True))
+    feed(view, history.run("t1", "r4", [], outcome="abandoned",
+                           failure={"code": "run_abandoned"}))
+    assert summaries(view) == [
+        {"runId": "r1", "outcome": "interrupt", "messageCount": 1,
+         "interrupts": [{"id": "i1", "reason": "approval"}], "usage": [{"inputTokens": 3}],
+         "inputEchoed": True},
+        {"runId": "r2", "outcome": "success", "messageCount": 1, "pendingToolCallIds": ["c9"],
+         "inputEchoed": False},
+        {"runId": "r3", "outcome": "failed", "messageCount": 0,
+         "failure": {"code": "orphan_event"}, "inputEchoed": True},
+        {"runId": "r4", "outcome": "abandoned", "messageCount": 0,
+         "failure": {"code": "run_abandoned"}},
+    ]
+    assert view.unechoed_runs("acme", "t1") == 1
+    assert view.unechoed_runs("acme", "t9") == 0
+
+
+def test_a_late_error_turns_the_run_into_an_error_and_keeps_its_messages() -> None:
+    store, history = Store(), History()
+    view = store.view()
+    feed(view, history.run("t1", "r1", [user("u1"), assistant("a1")],
+                           pendingToolCallIds=["c1"], inputEchoed=False))
+    store.commit(view)
+    feed(view, [history.late_error("t1", "r1", at=T0 + 900)])
+    assert ids(view) == ["u1", "a1"]
+    runs = view.runs("acme", "t1")
+    assert runs == [{"runId": "r1", "outcome": "error", "late": True,
+                     "error": {"message": "failed after all"}, "messageCount": 2,
+                     "inputEchoed": False, "firstTime": T0, "lastTime": T0 + 900}]
+    assert view.unechoed_runs("acme", "t1") == 1  # the same run, counted once
+    store.commit(view)
+    assert store.view().run_status("acme", "t1", "r1") == RunStatus(runs[0], True)
+
+
+def test_a_replaced_summary_recounts_the_runs_without_their_input() -> None:
+    history, view = History(), Store().view()
+    feed(view, history.run("t1", "r1", [], inputEchoed=False))
+    feed(view, history.run("t1", "r1", [], inputEchoed=True))
+    assert view.unechoed_runs("acme", "t1") == 0
+
+
+def test_v1_records_still_apply() -> None:
+    """A worker upgraded while v1 records are still in the topic reads them too."""
+    history, view = History(), Store().view()
+    feed(view, history.v1_run("t1", "r1", [user("u1"), assistant("a1", "draft")]))
+    feed(view, history.run("t1", "r2", [assistant("a1", "final"), user("u2")]))
+    feed(view, history.v1_run("t1", "r3", [user("u3")], outcome="error"))
+    assert [(m["id"], m["content"]) for m in held(view)] == [
+        ("u1", "hi"), ("a1", "final"), ("u2", "hi"), ("u3", "hi")]
+    assert summaries(view) == [
+        {"runId": "r1", "outcome": "success", "messageCount": 2},
+        {"runId": "r2", "outcome": "success", "messageCount": 2},
+        {"runId": "r3", "outcome": "error", "messageCount": 1}]
+
+
+def test_entries_the_release_before_stored_are_read() -> None:
+    """A header whose open run is a bare time, a summary saying `finished`: what the
+    release that read only v1 stored."""
+    store, history = Store(), History()
+    thread = thread_key("acme", "t1")
+    store.data[header_key(thread)] = orjson.dumps({
+        "tenant": "acme", "threadId": "t1", "partition": 0, "messages": 1, "runs": 1,
+        "firstTime": T0, "lastTime": T0, "openRuns": {"r2": T0 + 10}})
+    store.data[message_key(thread, 0)] = orjson.dumps(user("u1"))
+    store.data[message_index_key(thread, "u1")] = b"\0\0\0\0"
+    store.data[run_key(thread, 0)] = orjson.dumps({
+        "runId": "r1", "outcome": "finished", "messageCount": 1, "firstTime": T0,
+        "lastTime": T0})
+    store.data[b"J" + thread + b"r1"] = b"\0\0\0\0"
+    view = store.view()
+    # r2's message came before the upgrade; its closing record after.
+    feed(view, history.run("t1", "r2", [])[-1:])
+    assert summaries(view) == [
+        {"runId": "r1", "outcome": "success", "messageCount": 1},
+        {"runId": "r2", "outcome": "success", "messageCount": 0}]
+    status = view.run_status("acme", "t1", "r2")
+    assert status is not None and status.complete and status.summary["firstTime"] == T0 + 10
+
+
+# --- run completion ---------------------------------------------------------------------
+
+
+def complete(view: ThreadView, run_id: str) -> bool | None:
+    status = view.run_status("acme", "t1", run_id)
+    return None if status is None else status.complete
+
+
+def test_a_run_is_complete_once_its_closing_record_and_its_content_records_are_in() -> None:
+    history, view = History(), Store().view()
+    records = history.run("t1", "r1", [removed("x"), as_input(user("u1")), assistant("a1")])
+    for record in records[:-1]:
+        feed(view, [record])
+        assert complete(view, "r1") is None
+    feed(view, records[-1:])
+    assert complete(view, "r1") is True
+
+
+def test_a_closing_record_counting_records_not_in_yet_leaves_the_run_incomplete() -> None:
+    history, view = History(), Store().view()
+    key = b"acme/t1"
+    first = HistoryMessage.encode("acme", "t1", "r1", 0, user("u1"))
+    closing = HistoryRun(tenant="acme", threadId="t1", runId="r1", outcome="success",
+                         messageCount=2).to_bytes()
+    last = HistoryMessage.encode("acme", "t1", "r1", 1, assistant("a1"))
+    feed(view, [history.record(key, first), history.record(key, closing)])
+    assert complete(view, "r1") is False
+    feed(view, [history.record(key, first)])  # a duplicate counts once
+    assert complete(view, "r1") is False
+    feed(view, [history.record(key, last)])
+    assert complete(view, "r1") is True
+
+
+def test_a_failed_run_is_complete_at_its_closing_record() -> None:
+    history, view = History(), Store().view()
+    feed(view, history.run("t1", "r1", [], outcome="failed", failure={"code": "x"}))
+    assert complete(view, "r1") is True
+
+
+def test_a_complete_run_published_again_stays_complete() -> None:
+    history, view = History(), Store().view()
+    run = [user("u1"), continued(assistant("a1", "x")), removed("u0")]
+    feed(view, history.run("t1", "r1", run))
+    again = history.run("t1", "r1", run, at=T0 + 50)
+    for record in again:
+        feed(view, [record])
+        assert complete(view, "r1") is True
+    # Its content records changed nothing the second time: the continuation did not
+    # append twice.
+    assert held(view) == [user("u1"), assistant("a1", "x")]
+    assert view.counts.duplicates == 3
+    status = view.run_status("acme", "t1", "r1")
+    assert status is not None and status.summary["firstTime"] == T0
 
 
 # --- replays and write-behind ------------------------------------------------------------
@@ -356,25 +574,41 @@ JSON = st.recursive(
     lambda children: st.lists(children, max_size=3)
     | st.dictionaries(st.sampled_from(["schema", "tenant", "threadId", "runId", "kind", "seq",
                                        "message", "id", "role", "content", "outcome",
-                                       "messageCount"]) | st.text(max_size=4),
+                                       "messageCount", "toolCalls", "function",
+                                       "arguments", "encryptedValue", "metadata",
+                                       "messageId"]) | st.text(max_size=4),
                       children, max_size=6),
     max_leaves=12,
 )
 
 
-def _plausible(fields: dict[str, Any]) -> bytes:
-    base: dict[str, Any] = {"schema": "agui.history.v1", "tenant": "acme", "threadId": "t1",
-                            "runId": "r1", "kind": "message", "seq": 0, "message": user("m1")}
+_FIELDS = ["schema", "threadId", "runId", "kind", "seq", "message", "messageId", "outcome",
+           "messageCount", "tenant", "late", "inputEchoed", "pendingToolCallIds",
+           "interrupts", "failure", "error", "usage"]
+
+
+def _plausible(base: dict[str, Any], fields: dict[str, Any]) -> bytes:
     return orjson.dumps({**base, **fields})
+
+
+_BASES: list[dict[str, Any]] = [
+    {"schema": schema, "tenant": "acme", "threadId": "t1", "runId": "r1", **rest}
+    for schema in ("agui.history.v1", "agui.history.v2")
+    for rest in ({"kind": "message", "seq": 0, "message": user("m1")},
+                 {"kind": "continuation", "seq": 0, "message": {
+                     "id": "m1", "role": "user", "content": "x",
+                     "toolCalls": [{"id": "c", "function": {"arguments": "1"}}]}},
+                 {"kind": "input", "seq": 0, "message": user("m1")},
+                 {"kind": "removal", "seq": 0, "messageId": "m1"},
+                 {"kind": "run", "outcome": "success", "messageCount": 1})]
 
 
 def _values() -> st.SearchStrategy[bytes]:
     return st.one_of(
         st.binary(max_size=64),
         JSON.map(orjson.dumps),
-        st.dictionaries(st.sampled_from(["threadId", "runId", "kind", "seq", "message",
-                                         "outcome", "messageCount", "tenant"]),
-                        JSON, max_size=3).map(_plausible),
+        st.builds(_plausible, st.sampled_from(_BASES),
+                  st.dictionaries(st.sampled_from(_FIELDS), JSON, max_size=3)),
     )
 
 
@@ -388,7 +622,8 @@ def test_any_record_is_applied_or_counted_never_raised(
     for key, value, timestamp in records:
         view.apply(history.record(key, value, timestamp))
     counts = view.counts
-    assert counts.applied + counts.threadless + counts.unusable == len(records)
+    assert (counts.applied + counts.threadless + counts.unusable + counts.ignored
+            + counts.duplicates == len(records))
     store.commit(view)
     view.expire(0, 2.0**41)
     view.forget()
