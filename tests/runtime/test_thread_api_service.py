@@ -54,11 +54,13 @@ def _send(namespace: Namespace, tenant: str, *runs: GeneratedRun) -> None:
 
 
 def _reusing_answer_id(run: GeneratedRun, earlier: GeneratedRun) -> GeneratedRun:
-    """`run` with its answer message under `earlier`'s answer id (a replacement)."""
+    """`run` with its answer message under `earlier`'s answer id, on a stream (record
+    key) of its own: a replacement. (Within one stream a re-streamed message would
+    append to the earlier one, AG-UI 1.1 events/lifecycle.)"""
     old, new = f"{run.run_id}-a".encode(), f"{earlier.run_id}-a".encode()
     messages = [{**m, "id": f"{earlier.run_id}-a"} if m["id"] == f"{run.run_id}-a" else m
                 for m in run.messages]
-    return GeneratedRun(run.key, run.thread_id, run.run_id,
+    return GeneratedRun(run.key + b"-own-stream", run.thread_id, run.run_id,
                         [event.replace(old, new) for event in run.events], messages)
 
 
@@ -162,7 +164,9 @@ def test_any_worker_answers_for_a_thread_another_one_owns(kafka_bootstrap: str,
         path = f"/v1/threads/{run.thread_id}/messages"
         assert _get(first, path, acme) == _get(second, path, acme) == (200, {
             "threadId": run.thread_id, "messages": run.messages,
-            "historyOffset": _get(first, path, acme)[1]["historyOffset"]})
+            "historyOffset": _get(first, path, acme)[1]["historyOffset"],
+            # The generated runs do not echo their input: the view says so.
+            "complete": False, "incomplete": _get(first, path, acme)[1]["incomplete"]})
     # 24 requests were sent; a request for the other worker's thread was answered
     # twice: by that worker, forwarded, and by the one it was sent to.
     answered = sum(_answered(worker, "messages") for worker in (first, second))
