@@ -6,11 +6,13 @@ so the rule book cannot be enforced with them. This module holds the schema
 as a table of field specifications and one checker that walks an event once:
 
 * a missing required field, a `null` on an optional field, a wrong type or a
-  value outside a closed string set raises `Malformed`;
+  non-string where the schema names a closed set of strings raises `Malformed`;
 * an unknown property is stripped and noted (`Findings.unknown_fields`);
-* an unknown member of a discriminated union is removed (optional key
+* an unknown member of a discriminated union, or a string outside a closed
+  set (a text message's or tool result's `role`, `REASONING_MESSAGE_START.role`,
+  a tool call's `type`, a resume entry's `status`), is removed (optional key
   removed, list element dropped, required position: the containing value
-  removed) and noted (`Findings.unknown_members`);
+  removed, once the rest of it is judged) and noted (`Findings.unknown_members`);
 * an unknown string `subtype` on REASONING_ENCRYPTED_VALUE is noted
   (`Findings.unknown_subtype`): the caller removes the whole event.
 
@@ -204,6 +206,7 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
     fields = model.fields
     unknown: list[str] | None = None
     removed: list[str] | None = None
+    remove_whole = False
     required_seen = 0
     for key, item in value.items():
         spec = fields.get(key)
@@ -234,8 +237,13 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
         assert spec.check is not None
         checked = spec.check(item, f"{pointer}/{escape_pointer_token(key)}", findings)
         if checked is REMOVE:
+            # In a required position the whole value goes, but only once the
+            # rest of it is judged: an unknown member strips material from an
+            # otherwise valid value, it does not excuse a malformed one (and
+            # the verdict must not depend on the order of the keys).
             if spec.required:
-                return REMOVE
+                remove_whole = True
+                continue
             if removed is None:
                 removed = []
             removed.append(key)
@@ -244,6 +252,8 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
     if required_seen != model.required_count:
         missing = [k for k, s in fields.items() if s.required and k not in value]
         raise Malformed(f"{pointer or '/'} lacks required {', '.join(missing)} ({model.name})")
+    if remove_whole:
+        return REMOVE
     if unknown is not None:
         for key in unknown:
             findings.unknown_fields.append(f"{pointer}/{escape_pointer_token(key)}")
@@ -320,6 +330,32 @@ def union_checker(discriminator: str, members: dict[str, Model], what: str) -> C
         return check_model(member, value, pointer, findings)
 
     return check
+
+
+def closed_set(*values: str) -> Checker:
+    """A string of a closed set (an enum or a const in the schema).
+
+    A string outside the set is an unrecognised member, added after this
+    consumer shipped: noted in `Findings.unknown_members` and removed by the
+    caller's position rule (optional: the key; required: the containing value;
+    in a list: the element). Anything but a string is malformed.
+    """
+    allowed = frozenset(values)
+
+    def check(value: Any, pointer: str, findings: Findings) -> Any:
+        if type(value) is not str:
+            raise Malformed(f"{pointer} must be a string (got {json_type_name(value)})")
+        if value in allowed:
+            return value
+        findings.unknown_members.append(pointer)
+        return REMOVE
+
+    return check
+
+
+def _closed(required: bool, what: str, *values: str) -> Field:
+    # Clean: a value of the set; any other value takes the walk.
+    return _nested(required, what, closed_set(*values), clean=_one_of(*values))
 
 
 def string_or(other: Checker, what: str) -> Checker:
@@ -573,7 +609,7 @@ _TOOL_CALL = Model(
     "ToolCall",
     {
         "id": STRING,
-        "type": _req('"function"', _one_of("function")),
+        "type": _closed(True, '"function"', "function"),
         "function": _nested(True, "a function call", model_checker(_FUNCTION_CALL)),
         "encryptedValue": OPT_STRING,
         "metadata": OPT_OBJECT,
@@ -748,8 +784,8 @@ _RUN_AGENT_INPUT = Model(
                         "ResumeEntry",
                         {
                             "interruptId": STRING,
-                            "status": _req('"resolved" or "cancelled"',
-                                           _one_of("resolved", "cancelled")),
+                            "status": _closed(True, '"resolved" or "cancelled"',
+                                              "resolved", "cancelled"),
                             "payload": OPT_ANY,
                             "metadata": OPT_OBJECT,
                         },
@@ -768,7 +804,7 @@ _BASE: dict[str, Field] = {
 }
 _ATTRIBUTABLE: dict[str, Field] = {**_BASE, "subagentRunId": OPT_STRING}
 TEXT_MESSAGE_ROLES: Final = frozenset({"developer", "system", "assistant", "user"})
-_TEXT_ROLE = _one_of(*TEXT_MESSAGE_ROLES)
+_TEXT_ROLE = _closed(False, "a text message role", *sorted(TEXT_MESSAGE_ROLES))
 
 
 def _event(model_name: str, base: dict[str, Field], /, **fields: Field) -> Model:
@@ -778,7 +814,7 @@ def _event(model_name: str, base: dict[str, Field], /, **fields: Field) -> Model
 EVENT_MODELS: Final[dict[str, Model]] = {
     "TEXT_MESSAGE_START": _event(
         "TextMessageStartEvent", _ATTRIBUTABLE, messageId=STRING,
-        role=_opt("a text message role", _TEXT_ROLE), name=OPT_STRING,
+        role=_TEXT_ROLE, name=OPT_STRING,
     ),
     "TEXT_MESSAGE_CONTENT": _event(
         "TextMessageContentEvent", _ATTRIBUTABLE, messageId=STRING, delta=STRING
@@ -786,7 +822,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "TEXT_MESSAGE_END": _event("TextMessageEndEvent", _ATTRIBUTABLE, messageId=STRING),
     "TEXT_MESSAGE_CHUNK": _event(
         "TextMessageChunkEvent", _ATTRIBUTABLE, messageId=OPT_STRING,
-        role=_opt("a text message role", _TEXT_ROLE), delta=OPT_STRING, name=OPT_STRING,
+        role=_TEXT_ROLE, delta=OPT_STRING, name=OPT_STRING,
     ),
     "TOOL_CALL_START": _event(
         "ToolCallStartEvent", _ATTRIBUTABLE, toolCallId=STRING, toolCallName=STRING,
@@ -800,7 +836,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     ),
     "TOOL_CALL_RESULT": _event(
         "ToolCallResultEvent", _ATTRIBUTABLE, messageId=STRING, toolCallId=STRING,
-        content=_TEXT_OR_PARTS, role=_opt('"tool"', _one_of("tool")),
+        content=_TEXT_OR_PARTS, role=_closed(False, '"tool"', "tool"),
     ),
     "STATE_SNAPSHOT": _event("StateSnapshotEvent", _ATTRIBUTABLE, snapshot=ANY),
     "STATE_DELTA": _event(
@@ -834,7 +870,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "REASONING_START": _event("ReasoningStartEvent", _ATTRIBUTABLE, messageId=STRING),
     "REASONING_MESSAGE_START": _event(
         "ReasoningMessageStartEvent", _ATTRIBUTABLE, messageId=STRING,
-        role=_req('"reasoning"', _one_of("reasoning")),
+        role=_closed(True, '"reasoning"', "reasoning"),
     ),
     "REASONING_MESSAGE_CONTENT": _event(
         "ReasoningMessageContentEvent", _ATTRIBUTABLE, messageId=STRING, delta=STRING

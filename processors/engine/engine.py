@@ -290,7 +290,7 @@ class KeyEngine:
             return None
         if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
             unknown_subtype = findings.unknown_subtype
-            self._warn_stripped(event_type, findings)
+            self._warn_stripped(event_type, findings, checked is REMOVE)
             findings.clear()
             if unknown_subtype and checked is not REMOVE:
                 self._warn(WarningCode.UNKNOWN_SUBTYPE,
@@ -431,7 +431,9 @@ class KeyEngine:
     def _warn(self, code: WarningCode, reason: str) -> None:
         self._out.append(Warned(code, reason, self._run_identity()))
 
-    def _warn_stripped(self, event_type: str, findings: Findings) -> None:
+    def _warn_stripped(self, event_type: str, findings: Findings, dropped: bool = False) -> None:
+        """The warnings of what the check stripped; `dropped`: the event itself
+        was removed (an unknown member in a required position)."""
         run = self.state.run
         for pointer in findings.unknown_fields:
             if run is not None:
@@ -445,9 +447,10 @@ class KeyEngine:
                     run.warned_fields.add(key)
             self._warn(WarningCode.UNKNOWN_FIELD,
                        f"{event_type}: unknown property {pointer} was stripped")
+        removed = "was removed with the event" if dropped else "was removed"
         for pointer in findings.unknown_members:
             self._warn(WarningCode.UNKNOWN_MEMBER,
-                       f"{event_type}: unknown union member at {pointer} was removed")
+                       f"{event_type}: unknown union member at {pointer} {removed}")
 
     # --- chunks -------------------------------------------------------------------
 
