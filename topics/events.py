@@ -5,8 +5,9 @@ coerce, keep unknown keys and accept `null` where the wire never carries one),
 so the rule book cannot be enforced with them. This module holds the schema
 as a table of field specifications and one checker that walks an event once:
 
-* a missing required field, a `null` on an optional field, a wrong type or a
-  non-string where the schema names a closed set of strings raises `Malformed`;
+* a missing required field, a `null` on an optional field, a wrong type, a
+  non-string where the schema names a closed set of strings, or an interrupt
+  outcome with no interrupt raises `Malformed`;
 * an unknown property is stripped and noted (`Findings.unknown_fields`);
 * an unknown member of a discriminated union, or a string outside a closed
   set (a text message's or tool result's `role`, `REASONING_MESSAGE_START.role`,
@@ -287,12 +288,15 @@ def model_checker(model: Model) -> Checker:
     return check
 
 
-def list_checker(item: Checker | Field) -> Checker:
-    """A JSON array; an element that is an unknown union member is dropped."""
+def list_checker(item: Checker | Field, min_items: int = 0) -> Checker:
+    """A JSON array (of at least `min_items` elements as received); an element
+    that is an unknown union member is dropped."""
 
     def check(value: Any, pointer: str, findings: Findings) -> Any:
         if type(value) is not list:
             raise Malformed(f"{pointer} must be an array")
+        if len(value) < min_items:
+            raise Malformed(f"{pointer} must have at least {min_items} element(s)")
         kept: list[Any] | None = None
         for index, element in enumerate(value):
             if isinstance(item, Field):
@@ -612,6 +616,7 @@ _TOOL_CALL = Model(
         "type": _closed(True, '"function"', "function"),
         "function": _nested(True, "a function call", model_checker(_FUNCTION_CALL)),
         "encryptedValue": OPT_STRING,
+        "encryptedValueType": OPT_STRING,
         "metadata": OPT_OBJECT,
     },
 )
@@ -622,7 +627,8 @@ _MESSAGE_BASE: dict[str, Field] = {
     "subagentRunId": OPT_STRING,
     "metadata": OPT_OBJECT,
 }
-_ENCRYPTED = {"encryptedValue": OPT_STRING}
+# Not on activity messages, which carry no encrypted value.
+_ENCRYPTED = {"encryptedValue": OPT_STRING, "encryptedValueType": OPT_STRING}
 _NAMED = {"name": OPT_STRING, **_ENCRYPTED}
 
 MESSAGE_MODELS: Final = {
@@ -722,7 +728,7 @@ _RUN_FINISHED_OUTCOME = union_checker(
             {
                 "type": STRING,
                 "interrupts": _nested(True, "an array of interrupts",
-                                      list_checker(model_checker(_INTERRUPT))),
+                                      list_checker(model_checker(_INTERRUPT), min_items=1)),
             },
         ),
         "cancelled": Model("RunFinishedCancelledOutcome", {"type": STRING}),
@@ -883,7 +889,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "REASONING_ENCRYPTED_VALUE": _event(
         "ReasoningEncryptedValueEvent", _ATTRIBUTABLE,
         subtype=_nested(True, "a string", _subtype, clean=_one_of(*ENCRYPTED_VALUE_SUBTYPES)),
-        entityId=STRING, encryptedValue=STRING,
+        entityId=STRING, encryptedValue=STRING, encryptedValueType=OPT_STRING,
     ),
     "SUBAGENT_STARTED": _event(
         "SubagentStartedEvent", _BASE, subagentRunId=STRING, name=STRING,

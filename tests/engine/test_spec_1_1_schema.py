@@ -2,6 +2,8 @@
 
 * Closed string sets are stripped, never fatal: a string outside the set is an
   unknown member removed by the position rule; a non-string is malformed.
+* `encryptedValueType` beside every `encryptedValue` (not on activity messages).
+* The interrupt outcome carries at least one interrupt.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.engine.test_properties import JSON, SETTINGS
 from tests.engine_helpers import (
     MESSAGE,
     Replay,
+    enc,
     play,
     play_run,
     r_content,
@@ -26,6 +29,8 @@ from tests.engine_helpers import (
     run_finished,
     run_started,
     snapshot,
+    sub_finished,
+    sub_started,
     t_chunk,
     t_content,
     t_end,
@@ -35,6 +40,7 @@ from tests.engine_helpers import (
     tc_start,
 )
 from topics.events import (
+    CLEAN_CHECKS,
     EVENT_MODELS,
     REMOVE,
     TEXT_MESSAGE_ROLES,
@@ -218,3 +224,94 @@ def test_unknown_member_in_a_required_position_does_not_excuse_a_malformed_value
     replay = play_run(event)
     assert_malformed_at(replay, 2)
     assert replay.warnings == []
+
+
+# =====================================================================================
+# 2. encryptedValueType
+# =====================================================================================
+
+ENCRYPTED_MESSAGES = {
+    "developer": {"id": "d", "role": "developer", "content": "x"},
+    "system": {"id": "s", "role": "system", "content": "x"},
+    "assistant": {"id": "a", "role": "assistant", "content": "x"},
+    "user": {"id": "u", "role": "user", "content": "x"},
+    "tool": {"id": "t", "role": "tool", "content": "x", "toolCallId": "c"},
+    "reasoning": {"id": "r", "role": "reasoning", "content": "x"},
+}
+
+
+def _typed(message: dict[str, Any], value_type: Any) -> dict[str, Any]:
+    return {**message, "encryptedValue": "v", "encryptedValueType": value_type}
+
+
+def test_encrypted_value_type_on_the_encrypted_value_event() -> None:
+    event = enc("m", "v", encryptedValueType="anthropic.redacted_thinking")
+    replay = play_run(r_start("m"), r_content("m", "x"), r_end("m"), event)
+    assert replay.warnings == [] and replay.failures == []
+    checked, findings = walk(event)
+    assert checked == event and not findings.unknown_fields
+    assert CLEAN_CHECKS["REASONING_ENCRYPTED_VALUE"](event)
+
+
+@pytest.mark.parametrize("role", ENCRYPTED_MESSAGES)
+def test_encrypted_value_type_on_messages(role: str) -> None:
+    message = _typed(ENCRYPTED_MESSAGES[role], "openai.encrypted_content")
+    for event in (snapshot(message), run_started(input=run_input(messages=[message]))):
+        checked, findings = walk(event)
+        assert not findings.unknown_fields, event
+        assert checked == event
+    replay = play_run(snapshot(message))
+    assert replay.warnings == [] and replay.failures == []
+
+
+def test_encrypted_value_type_on_a_tool_call() -> None:
+    call = {"id": "c", "type": "function", "function": dict(FUNCTION), "encryptedValue": "v",
+            "encryptedValueType": "x.signature"}
+    event = snapshot({"id": "a", "role": "assistant", "toolCalls": [call]})
+    checked, findings = walk(event)
+    assert checked == event and not findings.unknown_fields
+    replay = play_run(event)
+    assert replay.warnings == [] and replay.failures == []
+
+
+def test_encrypted_value_type_is_not_on_activity_messages() -> None:
+    activity = {"id": "act", "role": "activity", "activityType": "plan", "content": {},
+                "encryptedValueType": "x"}
+    replay = play_run(snapshot(activity))
+    assert replay.warnings == [(2, "unknown_field")]
+    assert replay.reasons == ["MESSAGES_SNAPSHOT: unknown property"
+                              " /messages/0/encryptedValueType was stripped"]
+
+
+@pytest.mark.parametrize("value_type", [5, None, True, {"kind": "x"}, ["x"]])
+def test_encrypted_value_type_not_a_string_is_malformed(value_type: Any) -> None:
+    call = {"id": "c", "type": "function", "function": dict(FUNCTION), "encryptedValue": "v",
+            "encryptedValueType": value_type}
+    for event in (enc("m", "v", encryptedValueType=value_type),
+                  snapshot(_typed(ENCRYPTED_MESSAGES["reasoning"], value_type)),
+                  snapshot({"id": "a", "role": "assistant", "toolCalls": [call]})):
+        assert_malformed_at(play_run(r_start("m"), r_content("m", "x"), r_end("m"), event), 5)
+
+
+# =====================================================================================
+# 3. The interrupt outcome carries at least one interrupt
+# =====================================================================================
+
+
+def test_interrupt_outcome_with_no_interrupts_is_malformed() -> None:
+    replay = play(run_started(), run_finished(outcome={"type": "interrupt", "interrupts": []}))
+    assert_malformed_at(replay, 2)
+    assert replay.reasons == ["RUN_FINISHED: /outcome/interrupts must have at least 1"
+                              " element(s)"]
+
+
+def test_interrupt_outcome_with_an_interrupt_is_valid() -> None:
+    outcome = {"type": "interrupt", "interrupts": [{"id": "i", "reason": "approval"}]}
+    replay = play(run_started(), run_finished(outcome=outcome))
+    assert replay.failures == [] and replay.warnings == []
+
+
+def test_suspended_subagent_may_carry_no_interrupt_ids() -> None:
+    replay = play_run(sub_started("s"),
+                      sub_finished("s", outcome={"type": "suspended", "interruptIds": []}))
+    assert replay.failures == [] and replay.warnings == []
