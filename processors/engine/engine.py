@@ -288,7 +288,8 @@ class KeyEngine:
             findings.clear()
             self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
             return None
-        if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
+        if (findings.unknown_fields or findings.unknown_members or findings.unknown_subtype
+                or findings.retired_shapes):
             unknown_subtype = findings.unknown_subtype
             self._warn_stripped(event_type, findings, checked is REMOVE)
             findings.clear()
@@ -432,21 +433,31 @@ class KeyEngine:
         self._out.append(Warned(code, reason, self._run_identity()))
 
     def _warn_stripped(self, event_type: str, findings: Findings, dropped: bool = False) -> None:
-        """The warnings of what the check stripped; `dropped`: the event itself
-        was removed (an unknown member in a required position)."""
+        """The warnings of what the check translated or stripped; `dropped`: the
+        event itself was removed (an unknown member in a required position)."""
         run = self.state.run
-        for pointer in findings.unknown_fields:
-            if run is not None:
-                # De-duplicated per run on (event type as received, pointer).
-                key = f"{event_type} {pointer}"
-                if run.warned_fields is None:
-                    run.warned_fields = {key}
-                elif key in run.warned_fields:
-                    continue
-                else:
-                    run.warned_fields.add(key)
-            self._warn(WarningCode.UNKNOWN_FIELD,
-                       f"{event_type}: unknown property {pointer} was stripped")
+        # Retired shapes first: the compatibility boundary translates them
+        # before the schema is enforced. Retired shapes and unknown properties
+        # are de-duplicated per run on (event type as received, pointer), in
+        # the run's one set of warned keys: an unknown_field key starts with
+        # the event type, a retired_shape key with "retired " (no event type
+        # does), so the two never collide.
+        for code, prefix, pointers, what in (
+            (WarningCode.RETIRED_SHAPE, "retired ", findings.retired_shapes,
+             "retired shape at {} was translated to its AG-UI 1.1 replacement"),
+            (WarningCode.UNKNOWN_FIELD, "", findings.unknown_fields,
+             "unknown property {} was stripped"),
+        ):
+            for pointer in pointers:
+                if run is not None:
+                    key = f"{prefix}{event_type} {pointer}"
+                    if run.warned_fields is None:
+                        run.warned_fields = {key}
+                    elif key in run.warned_fields:
+                        continue
+                    else:
+                        run.warned_fields.add(key)
+                self._warn(code, f"{event_type}: {what.format(pointer)}")
         removed = "was removed with the event" if dropped else "was removed"
         for pointer in findings.unknown_members:
             self._warn(WarningCode.UNKNOWN_MEMBER,

@@ -1,9 +1,14 @@
-"""The AG-UI 1.1 schema (issue 26, design section A).
+"""The AG-UI 1.1 schema and its compatibility boundary (issue 26, design section A).
 
 * Closed string sets are stripped, never fatal: a string outside the set is an
   unknown member removed by the position rule; a non-string is malformed.
 * `encryptedValueType` beside every `encryptedValue` (not on activity messages).
 * The interrupt outcome carries at least one interrupt.
+* A whole `null` is malformed where the schema says "any JSON but null", except
+  where the deprecation registry keeps it as a retired shape: there it is
+  removed with a `retired_shape` warning, as is a `binary` content part
+  translated into a media part.
+* The compiled clean checks agree with the full walk on all of these fields.
 """
 
 from __future__ import annotations
@@ -12,20 +17,29 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from processors.engine.content import InMemoryContentStore
+from processors.engine.engine import KeyEngine
+from processors.engine.state import KeyState
 from tests.engine.test_properties import JSON, SETTINGS
 from tests.engine_helpers import (
     MESSAGE,
     Replay,
+    act_delta,
+    act_snap,
+    custom,
     enc,
+    finished_clean,
     play,
     play_run,
     r_content,
     r_end,
     r_start,
+    raw_event,
     run_finished,
     run_started,
     snapshot,
@@ -35,6 +49,7 @@ from tests.engine_helpers import (
     t_content,
     t_end,
     t_start,
+    tc_chunk,
     tc_end,
     tc_result,
     tc_start,
@@ -45,6 +60,7 @@ from topics.events import (
     REMOVE,
     TEXT_MESSAGE_ROLES,
     Findings,
+    Malformed,
     check_model,
     json_type_name,
 )
@@ -315,3 +331,389 @@ def test_suspended_subagent_may_carry_no_interrupt_ids() -> None:
     replay = play_run(sub_started("s"),
                       sub_finished("s", outcome={"type": "suspended", "interruptIds": []}))
     assert replay.failures == [] and replay.warnings == []
+
+
+# =====================================================================================
+# 4. Whole nulls: malformed, except where null is a value
+# =====================================================================================
+
+TEXT_PART_NULL_METADATA = [{"type": "text", "text": "a", "metadata": None}]
+
+
+@pytest.mark.parametrize("event", [
+    snapshot({"id": "u", "role": "user", "content": TEXT_PART_NULL_METADATA}),
+    tc_result("r", "c", content=TEXT_PART_NULL_METADATA),
+    run_started(input=run_input(messages=[{"id": "u", "role": "user",
+                                           "content": TEXT_PART_NULL_METADATA}])),
+], ids=["snapshot", "tool result", "run input"])
+def test_null_text_part_metadata_is_malformed(event: dict[str, Any]) -> None:
+    if event["type"] == "RUN_STARTED":
+        replay = play(event)
+        assert_malformed_at(replay, 1)
+    else:
+        replay = play_run(event)
+        assert_malformed_at(replay, 2)
+    assert replay.warnings == []
+    assert replay.reasons[0].endswith("/content/0/metadata is null; omit it instead")
+
+
+@pytest.mark.parametrize("event", [
+    raw_event(event=None),
+    custom(value=None),
+    {"type": "STATE_SNAPSHOT", "snapshot": None},
+    {"type": "STATE_DELTA", "delta": [{"op": "add", "path": "/a", "value": None}]},
+], ids=["RAW.event", "CUSTOM.value", "STATE_SNAPSHOT.snapshot", "patch value"])
+def test_null_stays_a_value_where_the_schema_allows_it(event: dict[str, Any]) -> None:
+    finished_clean(play_run(event))
+
+
+@pytest.mark.parametrize("value", [False, 0, "", [], {}, [None], {"k": None}])
+def test_any_value_but_a_whole_null_is_accepted(value: Any) -> None:
+    part = {"type": "text", "text": "a", "metadata": value}
+    image = {"type": "image", "source": {"type": "url", "value": "u"}, "metadata": value}
+    finished_clean(play(
+        run_started(rawEvent=value, input=run_input(
+            state=value, forwardedProps=value,
+            tools=[{"name": "f", "description": "d", "parameters": value}],
+            resume=[{"interruptId": "i", "status": "resolved", "payload": value}])),
+        snapshot({"id": "u", "role": "user", "content": [part, image]}),
+        sub_started("s"), sub_finished("s", result=value),
+        run_finished(result=value),
+    ))
+
+
+# =====================================================================================
+# 5. Retired shapes, translated at the compatibility boundary
+# =====================================================================================
+
+
+def _media(kind: str) -> dict[str, Any]:
+    return {"type": kind, "source": {"type": "url", "value": "u"}, "metadata": None}
+
+
+# name -> (the key, the line of the retired shape, its event type, its pointer)
+RETIRED_NULLS: dict[str, tuple[list[dict[str, Any]], int, str, str]] = {
+    "rawEvent": (_in_run(custom(rawEvent=None)), 2, "CUSTOM", "/rawEvent"),
+    "rawEvent on RUN_STARTED": ([run_started(rawEvent=None), run_finished()], 1, "RUN_STARTED",
+                                "/rawEvent"),
+    "TOOL_CALL_START.parentMessageId": (
+        _in_run(tc_start("c", parentMessageId=None), tc_end("c")), 2, "TOOL_CALL_START",
+        "/parentMessageId"),
+    "TOOL_CALL_CHUNK.parentMessageId": (
+        _in_run(tc_chunk(toolCallId="c", toolCallName="f", parentMessageId=None, delta="{}")),
+        2, "TOOL_CALL_CHUNK", "/parentMessageId"),
+    "RUN_FINISHED.outcome": ([run_started(), run_finished(outcome=None)], 2, "RUN_FINISHED",
+                             "/outcome"),
+    "RUN_FINISHED.result": ([run_started(), run_finished(result=None)], 2, "RUN_FINISHED",
+                            "/result"),
+    "SUBAGENT_FINISHED.result": (_in_run(sub_started("s"), sub_finished("s", result=None)), 3,
+                                 "SUBAGENT_FINISHED", "/result"),
+    "ResumeEntry.payload": (
+        [run_started(input=run_input(resume=[{"interruptId": "i", "status": "resolved",
+                                              "payload": None}])), run_finished()],
+        1, "RUN_STARTED", "/input/resume/0/payload"),
+    **{f"{kind} part metadata": (
+        _in_run(snapshot({"id": "u", "role": "user", "content": [_media(kind)]})), 2,
+        "MESSAGES_SNAPSHOT", "/messages/0/content/0/metadata")
+       for kind in ("image", "audio", "video", "document")},
+    "media part metadata in a tool result": (
+        _in_run(tc_start("c"), tc_end("c"), tc_result("r", "c", content=[_media("image")])),
+        4, "TOOL_CALL_RESULT", "/content/0/metadata"),
+    "Tool.parameters": (
+        [run_started(input=run_input(tools=[{"name": "f", "description": "d",
+                                             "parameters": None}])), run_finished()],
+        1, "RUN_STARTED", "/input/tools/0/parameters"),
+    "RunAgentInput.forwardedProps": (
+        [run_started(input=run_input(forwardedProps=None)), run_finished()], 1, "RUN_STARTED",
+        "/input/forwardedProps"),
+    "RunAgentInput.state": ([run_started(input=run_input(state=None)), run_finished()], 1,
+                            "RUN_STARTED", "/input/state"),
+}
+
+
+def _retired_reason(event_type: str, pointer: str) -> str:
+    return (f"{event_type}: retired shape at {pointer} was translated to its AG-UI 1.1"
+            " replacement")
+
+
+def _without(value: Any, pointer: str) -> Any:
+    """`value` (a copy) with the key at `pointer` removed."""
+    value = copy.deepcopy(value)
+    *path, last = pointer.split("/")[1:]
+    target = value
+    for token in path:
+        target = target[int(token) if type(target) is list else token]
+    del target[last]
+    return value
+
+
+@pytest.mark.parametrize("name", RETIRED_NULLS)
+def test_retired_null_is_removed_with_a_warning(name: str) -> None:
+    events, line, event_type, pointer = RETIRED_NULLS[name]
+    replay = play(*events)
+    assert replay.warnings == [(line, "retired_shape")], replay.entries()
+    assert replay.reasons == [_retired_reason(event_type, pointer)]
+    assert_finished(replay)
+    event = events[line - 1]
+    checked, findings = walk(event)
+    assert checked == _without(event, pointer)  # the field is absent
+    assert findings.retired_shapes == [pointer]
+    assert not findings.unknown_fields and not findings.unknown_members
+
+
+def test_retired_null_parent_means_no_parent() -> None:
+    replay = play_run(t_start("m"), t_end("m"), tc_start("c", parentMessageId=None), tc_end("c"))
+    assert [m["id"] for m in replay.messages] == ["m", "c"]  # a host of its own
+
+
+def test_retired_null_outcome_means_success() -> None:
+    replay = play(run_started(), run_finished(outcome=None))
+    assert replay.concluded[0].outcome.value == "finished"
+
+
+def test_retired_shapes_are_warned_once_per_run_type_and_pointer() -> None:
+    replay = play(
+        run_started(rawEvent=None),  # 1: warns (checked before the run starts)
+        custom(rawEvent=None),  # 2: warns
+        custom(rawEvent=None),  # 3: same type + pointer: silent
+        custom(extra=1),  # 4: an unknown field at another key: its own warning
+        custom(extra=1, rawEvent=None),  # 5: both already warned: silent
+        t_start("m", rawEvent=None),  # 6: another event type: warns
+        t_end("m"),
+        run_finished(),
+        run_started("r2"),
+        custom(rawEvent=None),  # 10: a new run warns again
+        run_finished("r2"),
+    )
+    assert replay.warnings == [(1, "retired_shape"), (2, "retired_shape"), (4, "unknown_field"),
+                               (6, "retired_shape"), (10, "retired_shape")]
+    assert replay.failures == []
+
+
+def test_retired_and_unknown_field_warnings_share_no_key() -> None:
+    """A run that warned an unknown property at a pointer (as a restored state may
+    say) still warns a retired shape at the same event type and pointer, and back."""
+    state = orjson.loads(play(run_started(), custom(extra=1)).engine.state.to_json())
+    assert state["run"]["warned"] == ["CUSTOM /extra"]
+    state["run"]["warned"] = ["CUSTOM /rawEvent", "retired CUSTOM /extra"]
+    engine = KeyEngine(KeyState.from_json(orjson.dumps(state)))
+    replay = play(custom(rawEvent=None), custom(extra=1), custom(rawEvent=None, extra=1),
+                  engine=engine)
+    assert replay.warnings == [(1, "retired_shape"), (2, "unknown_field")]
+
+
+def test_retired_shape_dedup_survives_a_state_round_trip() -> None:
+    content = InMemoryContentStore()
+    first = play(run_started(), custom(rawEvent=None), engine=KeyEngine(content=content))
+    restored = KeyEngine(KeyState.from_json(first.engine.state.to_json()), content)
+    second = play(custom(rawEvent=None), run_finished(), engine=restored)
+    assert first.warnings == [(2, "retired_shape")]
+    assert second.warnings == []
+
+
+def test_a_retired_shape_in_a_malformed_event_only_fails() -> None:
+    replay = play_run(custom(rawEvent=None, timestamp=1.5))
+    assert_malformed_at(replay, 2)
+    assert replay.warnings == []
+
+
+# --- binary content parts -------------------------------------------------------------
+
+# (binary part, the media part it becomes)
+BINARY_PARTS = {
+    "image data": ({"type": "binary", "mimeType": "image/png", "data": "AAA"},
+                   {"type": "image",
+                    "source": {"type": "data", "value": "AAA", "mimeType": "image/png"}}),
+    "audio url": ({"type": "binary", "mimeType": "audio/wav", "url": "https://a/x.wav"},
+                  {"type": "audio",
+                   "source": {"type": "url", "value": "https://a/x.wav", "mimeType": "audio/wav"}}),
+    "video: data wins, id and filename kept": (
+        {"type": "binary", "mimeType": "video/mp4", "data": "BBB", "url": "https://v",
+         "filename": "clip.mp4", "id": "f1"},
+        {"type": "video", "id": "f1",
+         "source": {"type": "data", "value": "BBB", "mimeType": "video/mp4"},
+         "metadata": {"filename": "clip.mp4"}}),
+    "pdf is a document": ({"type": "binary", "mimeType": "application/pdf", "url": "u"},
+                          {"type": "document",
+                           "source": {"type": "url", "value": "u",
+                                      "mimeType": "application/pdf"}}),
+    "text/plain is a document": ({"type": "binary", "mimeType": "text/plain", "data": "aGk="},
+                                 {"type": "document",
+                                  "source": {"type": "data", "value": "aGk=",
+                                             "mimeType": "text/plain"}}),
+    "MIME type case-insensitive": ({"type": "binary", "mimeType": "Image/PNG", "data": "C"},
+                                   {"type": "image",
+                                    "source": {"type": "data", "value": "C",
+                                               "mimeType": "Image/PNG"}}),
+    "no subtype": ({"type": "binary", "mimeType": "image", "data": "C"},
+                   {"type": "document",
+                    "source": {"type": "data", "value": "C", "mimeType": "image"}}),
+    "empty data: the url": ({"type": "binary", "mimeType": "image/gif", "data": "", "url": "u",
+                             "filename": ""},
+                            {"type": "image",
+                             "source": {"type": "url", "value": "u", "mimeType": "image/gif"}}),
+}
+
+
+@pytest.mark.parametrize("name", BINARY_PARTS)
+def test_binary_part_becomes_a_media_part(name: str) -> None:
+    binary, media = BINARY_PARTS[name]
+    text = {"type": "text", "text": "look"}
+    replay = play_run(snapshot({"id": "u", "role": "user", "content": [text, binary]}))
+    assert replay.warnings == [(2, "retired_shape")]
+    assert replay.reasons == [_retired_reason("MESSAGES_SNAPSHOT", "/messages/0/content/1")]
+    assert_finished(replay)
+    assert replay.messages == [{"id": "u", "role": "user", "content": [text, media]}]
+
+
+@pytest.mark.parametrize("where", ["tool result", "tool message", "run input"])
+def test_binary_part_translated_wherever_parts_are(where: str) -> None:
+    binary, media = BINARY_PARTS["audio url"]
+    if where == "tool result":
+        event, pointer = tc_result("r", "c", content=[binary]), "/content/0"
+    elif where == "tool message":
+        event = snapshot({"id": "t", "role": "tool", "toolCallId": "c", "content": [binary]})
+        pointer = "/messages/0/content/0"
+    else:
+        event = run_started(input=run_input(messages=[{"id": "u", "role": "user",
+                                                       "content": [binary]}]))
+        pointer = "/input/messages/0/content/0"
+    checked, findings = walk(event)
+    assert findings.retired_shapes == [pointer]
+    assert not findings.unknown_members and not findings.unknown_fields
+    parent, _, index = pointer.rpartition("/")
+    translated = checked
+    for token in parent.split("/")[1:]:
+        translated = translated[int(token) if type(translated) is list else token]
+    assert translated[int(index)] == media
+
+
+@pytest.mark.parametrize("binary", [
+    {"type": "binary", "mimeType": "image/png", "id": "file-1"},
+    {"type": "binary", "mimeType": "image/png"},
+    {"type": "binary", "mimeType": "image/png", "data": "", "url": ""},
+], ids=["id only", "bare", "empty"])
+def test_binary_part_with_neither_data_nor_url_is_an_unknown_member(
+        binary: dict[str, Any]) -> None:
+    text = {"type": "text", "text": "look"}
+    replay = play_run(snapshot({"id": "u", "role": "user", "content": [text, binary]}))
+    assert replay.warnings == [(2, "unknown_member")]
+    assert replay.reasons == ["MESSAGES_SNAPSHOT: unknown union member at"
+                              " /messages/0/content/1/type was removed"]
+    assert replay.messages == [{"id": "u", "role": "user", "content": [text]}]
+
+
+@pytest.mark.parametrize("binary", [
+    {"type": "binary", "data": "AAA"},
+    {"type": "binary", "mimeType": 5, "data": "AAA"},
+    {"type": "binary", "mimeType": "image/png", "data": 5},
+    {"type": "binary", "mimeType": "image/png", "url": ["u"]},
+    {"type": "binary", "mimeType": "image/png", "data": "A", "filename": None},
+    {"type": "binary", "mimeType": "image/png", "data": "A", "id": 1},
+], ids=["no mimeType", "mimeType not a string", "data not a string", "url not a string",
+        "null filename", "id not a string"])
+def test_malformed_binary_part_is_malformed(binary: dict[str, Any]) -> None:
+    replay = play_run(snapshot({"id": "u", "role": "user", "content": [binary]}))
+    assert_malformed_at(replay, 2)
+    assert replay.warnings == []
+
+
+def test_binary_part_unknown_property_is_stripped_then_translated() -> None:
+    binary = {"type": "binary", "mimeType": "image/png", "data": "A", "detail": "high"}
+    replay = play_run(snapshot({"id": "u", "role": "user", "content": [binary]}))
+    assert sorted(replay.warnings) == [(2, "retired_shape"), (2, "unknown_field")]
+    assert replay.messages[0]["content"] == [
+        {"type": "image", "source": {"type": "data", "value": "A", "mimeType": "image/png"}}]
+
+
+def test_binary_part_warned_once_per_run_and_pointer() -> None:
+    message = {"id": "u", "role": "user",
+               "content": [{"type": "binary", "mimeType": "image/png", "data": "A"}]}
+    replay = play_run(snapshot(message), snapshot(message))
+    assert replay.warnings == [(2, "retired_shape")]
+
+
+# =====================================================================================
+# The clean checks agree with the walk on these fields
+# =====================================================================================
+
+OPAQUE = [{}, 0, "x", [None], {"k": None}, False, None]
+# Per event type: its required fields (valid), and the pool each field of interest
+# draws from (absent too).
+AGREEMENT: dict[str, tuple[dict[str, Any], dict[str, list[Any]]]] = {
+    "TEXT_MESSAGE_START": ({"messageId": "m"}, {
+        "role": [*sorted(TEXT_MESSAGE_ROLES), "critic", "", "tool", 3, None]}),
+    "TEXT_MESSAGE_CHUNK": ({}, {
+        "role": [*sorted(TEXT_MESSAGE_ROLES), "critic", 3, None], "delta": ["d"]}),
+    "TOOL_CALL_RESULT": ({"messageId": "r", "toolCallId": "c", "content": "ok"}, {
+        "role": ["tool", "assistant", 3, None]}),
+    "REASONING_MESSAGE_START": ({"messageId": "m"}, {
+        "role": ["reasoning", "thinking", 3, None]}),
+    "REASONING_ENCRYPTED_VALUE": ({"subtype": "message", "entityId": "m",
+                                   "encryptedValue": "v"}, {
+        "encryptedValueType": ["x.y", "", 3, None]}),
+    "TOOL_CALL_START": ({"toolCallId": "c", "toolCallName": "f"}, {
+        "parentMessageId": ["p", "", 3, None]}),
+    "TOOL_CALL_CHUNK": ({"toolCallId": "c"}, {"parentMessageId": ["p", 3, None]}),
+    "RUN_FINISHED": ({"threadId": "t", "runId": "r"}, {
+        "result": OPAQUE, "outcome": [None]}),
+    "SUBAGENT_FINISHED": ({"subagentRunId": "s"}, {"result": OPAQUE}),
+    "CUSTOM": ({"name": "n", "value": None}, {}),
+    "RAW": ({"event": None}, {}),
+}
+ABSENT = object()
+
+
+@st.composite
+def decorated_events(draw: Any) -> dict[str, Any]:
+    event_type = draw(st.sampled_from(sorted(AGREEMENT)))
+    required, pools = AGREEMENT[event_type]
+    event: dict[str, Any] = {"type": event_type, **required}
+    for name, pool in {**pools, "rawEvent": OPAQUE, "timestamp": [1_700_000_000_000]}.items():
+        value = draw(st.sampled_from([ABSENT, *pool]))
+        if value is not ABSENT:
+            event[name] = value
+    return dict(draw(st.permutations(list(event.items()))))
+
+
+def _walk_leaves_untouched(event: dict[str, Any]) -> bool:
+    findings = Findings()
+    before = copy.deepcopy(event)
+    try:
+        checked = check_model(EVENT_MODELS[event["type"]], event, "", findings)
+    except Malformed:
+        return False
+    return (checked is event and event == before and not findings.unknown_fields
+            and not findings.unknown_members and not findings.unknown_subtype
+            and not findings.retired_shapes)
+
+
+@SETTINGS
+@given(decorated_events())
+def test_clean_check_and_walk_agree(event: dict[str, Any]) -> None:
+    """Clean exactly when the walk returns the event untouched with no finding: an
+    out-of-set string, a retired null, a whole null take the walk; in-set values,
+    encryptedValueType and any non-null rawEvent or result stay on the hot path."""
+    clean = CLEAN_CHECKS[event["type"]](event)
+    assert clean == _walk_leaves_untouched(copy.deepcopy(event)), event
+
+
+@pytest.mark.parametrize("event", [
+    t_start("m", role="user", timestamp=1, rawEvent={"id": "chunk"}),
+    t_chunk(messageId="m", role="developer", delta="x", timestamp=1),
+    tc_result("r", "c", role="tool", timestamp=1),
+    r_start("m", timestamp=1, rawEvent=[]),
+    enc("m", "v", encryptedValueType="anthropic.redacted_thinking", timestamp=1),
+    tc_start("c", parentMessageId="m", timestamp=1),
+    run_finished(result={"ok": True}, timestamp=1),
+    custom(value=None, rawEvent=0),
+], ids=lambda event: event["type"])
+def test_flat_events_stay_on_the_hot_path(event: dict[str, Any]) -> None:
+    assert CLEAN_CHECKS[event["type"]](event)
+
+
+def test_patch_value_may_still_be_null_inside_an_activity_delta() -> None:
+    replay = play_run(act_snap("a", {"n": 1}),
+                      act_delta("a", [{"op": "replace", "path": "/n", "value": None}]))
+    finished_clean(replay)
+    assert replay.messages[0]["content"] == {"n": None}
