@@ -1,4 +1,5 @@
-"""The AG-UI 1.0 wire schema, checked strictly (reasoning.md sections 1, 2 and 9).
+"""The AG-UI 1.1 wire schema, checked strictly (reasoning.md sections 1, 2 and 9;
+docs/rules.md section 13).
 
 The `ag-ui-protocol` package's pydantic models are lenient on purpose (they
 coerce, keep unknown keys and accept `null` where the wire never carries one),
@@ -610,7 +611,7 @@ def clean_list_of(model: Model) -> Callable[[Any], bool]:
     return accepts
 
 
-# --- the AG-UI 1.0 shapes -----------------------------------------------------
+# --- the AG-UI 1.1 shapes -----------------------------------------------------
 
 _SOURCE = union_checker(
     "type",
@@ -1020,13 +1021,13 @@ CLEAN_CHECKS: Final = {
 
 
 _VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
-SUPPORTED_PROTOCOL: Final = (1, 0)
+SUPPORTED_PROTOCOL: Final = (1, 1)
 
 
 def protocol_version_is_foreign(version: str) -> bool:
-    """True for a declaration newer than 1.0 or not of the MAJOR.MINOR grammar."""
-    if version == "1.0":
-        return False  # the usual declaration: no need for the regex
+    """True for a declaration newer than 1.1 or not of the MAJOR.MINOR grammar."""
+    if version == "1.1" or version == "1.0":
+        return False  # the usual declarations: no need for the regex
     match = _VERSION.match(version)
     if match is None:
         return True

@@ -295,7 +295,7 @@ class KeyEngine:
             findings.clear()
             if unknown_subtype and checked is not REMOVE:
                 self._warn(WarningCode.UNKNOWN_SUBTYPE,
-                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
+                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.1 member;"
                            " the event was dropped")
                 self._out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
                 return None

@@ -8,6 +8,7 @@
   where the deprecation registry keeps it as a retired shape: there it is
   removed with a `retired_shape` warning, as is a `binary` content part
   translated into a media part.
+* `SUPPORTED_PROTOCOL` is 1.1.
 * The compiled clean checks agree with the full walk on all of these fields.
 """
 
@@ -58,11 +59,13 @@ from topics.events import (
     CLEAN_CHECKS,
     EVENT_MODELS,
     REMOVE,
+    SUPPORTED_PROTOCOL,
     TEXT_MESSAGE_ROLES,
     Findings,
     Malformed,
     check_model,
     json_type_name,
+    protocol_version_is_foreign,
 )
 
 NOT_A_STRING = JSON.filter(lambda value: type(value) is not str)
@@ -631,6 +634,25 @@ def test_binary_part_warned_once_per_run_and_pointer() -> None:
                "content": [{"type": "binary", "mimeType": "image/png", "data": "A"}]}
     replay = play_run(snapshot(message), snapshot(message))
     assert replay.warnings == [(2, "retired_shape")]
+
+
+# =====================================================================================
+# 6. The supported protocol
+# =====================================================================================
+
+
+def test_supported_protocol_is_1_1() -> None:
+    assert SUPPORTED_PROTOCOL == (1, 1)
+    assert not protocol_version_is_foreign("1.1")
+    assert not protocol_version_is_foreign("1.0")
+    assert protocol_version_is_foreign("1.2")
+    assert protocol_version_is_foreign("2.0")
+
+
+def test_protocol_1_1_is_silent_and_1_2_warns() -> None:
+    finished_clean(play(run_started(protocolVersion="1.1"), run_finished()))
+    replay = play(run_started(protocolVersion="1.2"), run_finished())
+    assert replay.warnings == [(1, "protocol_version")]
 
 
 # =====================================================================================
