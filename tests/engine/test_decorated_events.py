@@ -128,7 +128,8 @@ def _walk_leaves_untouched(event: dict[str, Any]) -> bool:
     except Malformed:
         return False
     return (checked is event and event == before and not findings.unknown_fields
-            and not findings.unknown_members and not findings.unknown_subtype)
+            and not findings.unknown_members and not findings.unknown_subtype
+            and not findings.retired_shapes)
 
 
 @settings(SETTINGS, max_examples=500)

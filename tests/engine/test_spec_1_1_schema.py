@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from processors.engine.content import InMemoryContentStore
 from processors.engine.engine import KeyEngine
 from processors.engine.state import KeyState
+from tests.engine.test_decorated_events import _walk_leaves_untouched
 from tests.engine.test_properties import JSON, SETTINGS
 from tests.engine_helpers import (
     MESSAGE,
@@ -62,7 +63,6 @@ from topics.events import (
     SUPPORTED_PROTOCOL,
     TEXT_MESSAGE_ROLES,
     Findings,
-    Malformed,
     check_model,
     json_type_name,
     protocol_version_is_foreign,
@@ -696,18 +696,6 @@ def decorated_events(draw: Any) -> dict[str, Any]:
         if value is not ABSENT:
             event[name] = value
     return dict(draw(st.permutations(list(event.items()))))
-
-
-def _walk_leaves_untouched(event: dict[str, Any]) -> bool:
-    findings = Findings()
-    before = copy.deepcopy(event)
-    try:
-        checked = check_model(EVENT_MODELS[event["type"]], event, "", findings)
-    except Malformed:
-        return False
-    return (checked is event and event == before and not findings.unknown_fields
-            and not findings.unknown_members and not findings.unknown_subtype
-            and not findings.retired_shapes)
 
 
 @SETTINGS
