@@ -1,27 +1,45 @@
-"""The AG-UI 1.0 wire schema, checked strictly (reasoning.md sections 1, 2 and 9).
+"""The AG-UI 1.1 wire schema, checked strictly (reasoning.md sections 1, 2 and 9;
+docs/rules.md section 13).
 
 The `ag-ui-protocol` package's pydantic models are lenient on purpose (they
 coerce, keep unknown keys and accept `null` where the wire never carries one),
 so the rule book cannot be enforced with them. This module holds the schema
 as a table of field specifications and one checker that walks an event once:
 
-* a missing required field, a `null` on an optional field, a wrong type or a
-  value outside a closed string set raises `Malformed`;
+* a missing required field, a `null` on an optional field, a wrong type, a
+  non-string where the schema names a closed set of strings, or an interrupt
+  outcome with no interrupt raises `Malformed`;
 * an unknown property is stripped and noted (`Findings.unknown_fields`);
-* an unknown member of a discriminated union is removed (optional key
+* an unknown member of a discriminated union, or a string outside a closed
+  set (a text message's or tool result's `role`, `REASONING_MESSAGE_START.role`,
+  a tool call's `type`, a resume entry's `status`), is removed (optional key
   removed, list element dropped, required position: the containing value
-  removed) and noted (`Findings.unknown_members`);
+  removed, once the rest of it is judged) and noted (`Findings.unknown_members`);
 * an unknown string `subtype` on REASONING_ENCRYPTED_VALUE is noted
   (`Findings.unknown_subtype`): the caller removes the whole event.
 
+Before enforcement, the compatibility boundary translates the retired shapes
+the deprecation registry keeps translatable, and notes each pointer
+(`Findings.retired_shapes`): a whole `null` where an older producer meant
+"absent" (`rawEvent`, a tool call's `parentMessageId`, RUN_FINISHED's `outcome`
+and `result`, SUBAGENT_FINISHED's `result`, a resume entry's `payload`, a media
+part's `metadata`, a tool's `parameters`, the run input's `state` and
+`forwardedProps`) is removed; a `binary` content part becomes the media part
+that replaced it (one with neither data nor URL is an unknown member).
+
 Opaque positions (`metadata`, `rawEvent`, `state`, `result`, CUSTOM values,
-activity content, ...) are never looked inside. Checking mutates the decoded
-dict in place (stripping) and never copies it when nothing is stripped.
+activity content, ...) are never looked inside. Most accept any JSON value
+but a whole `null`; `RAW.event`, `CUSTOM.value`, `STATE_SNAPSHOT.snapshot` and
+a patch operation's `value` accept `null` too. Checking mutates the decoded
+dict in place (stripping, translating) and never copies it when nothing is
+stripped.
 
 Most events on the wire are flat and clean: no unknown key, no null, no
-nested structure. For those, `CLEAN_CHECKS` holds one compiled expression per
-event type, built from the same table, that recognises them at a fraction of
-the walk's cost; everything it does not recognise takes `check_model`.
+nested structure, closed-set values in their sets. For those, `CLEAN_CHECKS`
+holds one compiled expression per event type, built from the same table, that
+recognises them at a fraction of the walk's cost; everything it does not
+recognise (a retired shape or an unknown member among them) takes
+`check_model`.
 """
 
 from __future__ import annotations
@@ -61,17 +79,21 @@ class Findings:
     Reusable: `clear()` it after acting on it, so the hot path allocates nothing.
     """
 
-    __slots__ = ("unknown_fields", "unknown_members", "unknown_subtype")
+    __slots__ = ("retired_shapes", "unknown_fields", "unknown_members", "unknown_subtype")
 
     def __init__(self) -> None:
         self.unknown_fields: list[str] = []
         self.unknown_members: list[str] = []
         self.unknown_subtype = False
+        # Retired shapes translated at the compatibility boundary: a whole null
+        # removed, or a binary content part turned into a media part.
+        self.retired_shapes: list[str] = []
 
     def clear(self) -> None:
         self.unknown_fields.clear()
         self.unknown_members.clear()
         self.unknown_subtype = False
+        self.retired_shapes.clear()
 
 
 # A checker validates one value at `pointer` and returns it (possibly with
@@ -101,6 +123,12 @@ def _is_object(value: Any) -> bool:
 
 def _is_anything(value: Any) -> bool:
     return True
+
+
+def _is_present(value: Any) -> bool:
+    # Any JSON value except a whole null (an opaque field the schema marks
+    # `"not": {"type": "null"}`); nulls inside it are values.
+    return value is not None
 
 
 def _is_safe_integer(value: Any) -> bool:
@@ -139,7 +167,8 @@ def _one_of(*values: str) -> Callable[[Any], bool]:
 class Field:
     """One property: a scalar predicate or a nested checker (never both)."""
 
-    __slots__ = ("accepts", "check", "clean", "is_string", "nullable", "required", "what")
+    __slots__ = ("accepts", "check", "clean", "is_string", "nullable", "required",
+                 "retired_null", "what")
 
     def __init__(
         self,
@@ -149,12 +178,19 @@ class Field:
         check: Checker | None = None,
         nullable: bool = False,  # `null` is a value only where the field is opaque
         clean: Callable[[Any], bool] | None = None,  # see below; only with `check`
+        retired_null: bool = False,  # a whole `null` is a retired shape (see below)
     ) -> None:
+        assert not (retired_null and (required or nullable)), what
         self.required = required
         self.what = what
         self.accepts = accepts
         self.check = check
         self.nullable = nullable
+        # An older producer sent `null` for "absent" here, and the deprecation
+        # registry keeps that shape translatable: the compatibility boundary
+        # removes the key and notes its pointer (`Findings.retired_shapes`)
+        # instead of failing the event.
+        self.retired_null = retired_null
         self.is_string = accepts is _is_string  # the common case, checked inline
         # The values the field's check returns as they are, with no findings: a
         # scalar field's own predicate; for a nested field, the simple values it
@@ -186,16 +222,26 @@ OPT_STRING = _opt("a string", _is_string)
 OPT_BOOLEAN = _opt("a boolean", _is_boolean)
 OBJECT = _req("an object", _is_object)
 OPT_OBJECT = _opt("an object", _is_object)
+# Opaque and null allowed: RAW.event, CUSTOM.value, STATE_SNAPSHOT.snapshot, a
+# patch operation's value.
 ANY = Field(True, "any JSON", accepts=_is_anything, nullable=True)
-OPT_ANY = Field(False, "any JSON", accepts=_is_anything, nullable=True)
+# Opaque, but a whole null is malformed (a text part's metadata).
+OPT_VALUE = _opt("any JSON but null", _is_present)
+# The same where a whole null is a retired shape, removed with a finding
+# (rawEvent, results, resume payloads, media part metadata, tool parameters,
+# run input state and forwardedProps).
+OPT_VALUE_OR_RETIRED_NULL = Field(False, "any JSON but null", accepts=_is_present,
+                                  retired_null=True)
+OPT_STRING_OR_RETIRED_NULL = Field(False, "a string", accepts=_is_string, retired_null=True)
 OPT_COUNT = _opt("a non-negative integer", _is_count)
 POINTER = _req("a JSON pointer", _is_json_pointer)
 
 
 def _nested(
-    required: bool, what: str, check: Checker, clean: Callable[[Any], bool] | None = None
+    required: bool, what: str, check: Checker, clean: Callable[[Any], bool] | None = None,
+    retired_null: bool = False,
 ) -> Field:
-    return Field(required, what, check=check, clean=clean)
+    return Field(required, what, check=check, clean=clean, retired_null=retired_null)
 
 
 def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> Any:
@@ -204,6 +250,7 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
     fields = model.fields
     unknown: list[str] | None = None
     removed: list[str] | None = None
+    remove_whole = False
     required_seen = 0
     for key, item in value.items():
         spec = fields.get(key)
@@ -216,6 +263,12 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
         if spec.required:
             required_seen += 1
         if item is None and not spec.nullable:
+            if spec.retired_null:
+                findings.retired_shapes.append(f"{pointer}/{escape_pointer_token(key)}")
+                if removed is None:
+                    removed = []
+                removed.append(key)
+                continue
             raise Malformed(f"{pointer}/{escape_pointer_token(key)} is null; omit it instead")
         if spec.is_string:
             if type(item) is not str:
@@ -234,8 +287,13 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
         assert spec.check is not None
         checked = spec.check(item, f"{pointer}/{escape_pointer_token(key)}", findings)
         if checked is REMOVE:
+            # In a required position the whole value goes, but only once the
+            # rest of it is judged: an unknown member strips material from an
+            # otherwise valid value, it does not excuse a malformed one (and
+            # the verdict must not depend on the order of the keys).
             if spec.required:
-                return REMOVE
+                remove_whole = True
+                continue
             if removed is None:
                 removed = []
             removed.append(key)
@@ -244,6 +302,8 @@ def check_model(model: Model, value: Any, pointer: str, findings: Findings) -> A
     if required_seen != model.required_count:
         missing = [k for k, s in fields.items() if s.required and k not in value]
         raise Malformed(f"{pointer or '/'} lacks required {', '.join(missing)} ({model.name})")
+    if remove_whole:
+        return REMOVE
     if unknown is not None:
         for key in unknown:
             findings.unknown_fields.append(f"{pointer}/{escape_pointer_token(key)}")
@@ -277,12 +337,15 @@ def model_checker(model: Model) -> Checker:
     return check
 
 
-def list_checker(item: Checker | Field) -> Checker:
-    """A JSON array; an element that is an unknown union member is dropped."""
+def list_checker(item: Checker | Field, min_items: int = 0) -> Checker:
+    """A JSON array (of at least `min_items` elements as received); an element
+    that is an unknown union member is dropped."""
 
     def check(value: Any, pointer: str, findings: Findings) -> Any:
         if type(value) is not list:
             raise Malformed(f"{pointer} must be an array")
+        if len(value) < min_items:
+            raise Malformed(f"{pointer} must have at least {min_items} element(s)")
         kept: list[Any] | None = None
         for index, element in enumerate(value):
             if isinstance(item, Field):
@@ -322,6 +385,32 @@ def union_checker(discriminator: str, members: dict[str, Model], what: str) -> C
     return check
 
 
+def closed_set(*values: str) -> Checker:
+    """A string of a closed set (an enum or a const in the schema).
+
+    A string outside the set is an unrecognised member, added after this
+    consumer shipped: noted in `Findings.unknown_members` and removed by the
+    caller's position rule (optional: the key; required: the containing value;
+    in a list: the element). Anything but a string is malformed.
+    """
+    allowed = frozenset(values)
+
+    def check(value: Any, pointer: str, findings: Findings) -> Any:
+        if type(value) is not str:
+            raise Malformed(f"{pointer} must be a string (got {json_type_name(value)})")
+        if value in allowed:
+            return value
+        findings.unknown_members.append(pointer)
+        return REMOVE
+
+    return check
+
+
+def _closed(required: bool, what: str, *values: str) -> Field:
+    # Clean: a value of the set; any other value takes the walk.
+    return _nested(required, what, closed_set(*values), clean=_one_of(*values))
+
+
 def string_or(other: Checker, what: str) -> Checker:
     def check(value: Any, pointer: str, findings: Findings) -> Any:
         if type(value) is str:
@@ -352,6 +441,7 @@ _INLINE_TESTS: Final[dict[Callable[[Any], bool], Callable[[str], str]]] = {
     _is_string: lambda value: f"type({value}) is str",
     _is_object: lambda value: f"type({value}) is dict",
     _is_boolean: lambda value: f"type({value}) is bool",
+    _is_present: lambda value: f"{value} is not None",
     _is_safe_integer: lambda value: (f"(type(number := {value}) is int"
                                      f" and abs(number) <= {MAX_SAFE_INTEGER})"),
     _is_count: lambda value: (f"(type(number := {value}) is int"
@@ -521,7 +611,7 @@ def clean_list_of(model: Model) -> Callable[[Any], bool]:
     return accepts
 
 
-# --- the AG-UI 1.0 shapes -----------------------------------------------------
+# --- the AG-UI 1.1 shapes -----------------------------------------------------
 
 _SOURCE = union_checker(
     "type",
@@ -544,16 +634,16 @@ def _media_part(name: str) -> Model:
             "type": STRING,
             "id": OPT_STRING,
             "source": _nested(True, "a part source", _SOURCE),
-            "metadata": OPT_ANY,
+            "metadata": OPT_VALUE_OR_RETIRED_NULL,
         },
     )
 
 
-_CONTENT_PART = union_checker(
+_KNOWN_CONTENT_PART = union_checker(
     "type",
     {
         "text": Model(
-            "TextPart", {"type": STRING, "id": OPT_STRING, "text": STRING, "metadata": OPT_ANY}
+            "TextPart", {"type": STRING, "id": OPT_STRING, "text": STRING, "metadata": OPT_VALUE}
         ),
         "image": _media_part("ImagePart"),
         "audio": _media_part("AudioPart"),
@@ -562,7 +652,61 @@ _CONTENT_PART = union_checker(
     },
     "a content part",
 )
-_CONTENT_PARTS = list_checker(_CONTENT_PART)
+
+# The retired 0.x input part (deprecation registry: `{ type: "binary" }`).
+_BINARY_PART = Model(
+    "BinaryInputContent",
+    {
+        "type": STRING,
+        "mimeType": STRING,
+        "id": OPT_STRING,
+        "data": OPT_STRING,
+        "url": OPT_STRING,
+        "filename": OPT_STRING,
+    },
+)
+_MEDIA_KINDS: Final = ("image", "audio", "video")
+
+
+def _binary_part(value: dict[str, Any], pointer: str, findings: Findings) -> Any:
+    """A binary part translated into the media part that replaced it.
+
+    Its own shape is checked first (mimeType a string, the rest optional
+    strings). The kind comes from the MIME type's top-level type (`image/`,
+    `audio/`, `video/`, else `document`, compared case-insensitively); the
+    source is its data (a non-empty `data`) or else its URL (a non-empty
+    `url`), with the MIME type; a non-empty `filename` becomes
+    `metadata.filename`; `id` is kept. A part with neither data nor URL has
+    no media equivalent: an unknown member, dropped.
+    """
+    part = check_model(_BINARY_PART, value, pointer, findings)
+    mime_type = part["mimeType"]
+    if part.get("data"):
+        source = {"type": "data", "value": part["data"], "mimeType": mime_type}
+    elif part.get("url"):
+        source = {"type": "url", "value": part["url"], "mimeType": mime_type}
+    else:
+        findings.unknown_members.append(f"{pointer}/type")
+        return REMOVE
+    top_level, slash, _ = mime_type.partition("/")
+    kind = top_level.lower() if slash else ""
+    media: dict[str, Any] = {"type": kind if kind in _MEDIA_KINDS else "document"}
+    if "id" in part:
+        media["id"] = part["id"]
+    media["source"] = source
+    if part.get("filename"):
+        media["metadata"] = {"filename": part["filename"]}
+    findings.retired_shapes.append(pointer)
+    return media
+
+
+def _content_part(value: Any, pointer: str, findings: Findings) -> Any:
+    if type(value) is dict and value.get("type") == "binary":
+        return _binary_part(value, pointer, findings)
+    return _KNOWN_CONTENT_PART(value, pointer, findings)
+
+
+_CONTENT_PARTS = list_checker(_content_part)
 _TEXT_OR_PARTS = _nested(
     True, "a string or an array of parts", string_or(_CONTENT_PARTS, "a string or parts"),
     clean=_is_string,
@@ -573,9 +717,10 @@ _TOOL_CALL = Model(
     "ToolCall",
     {
         "id": STRING,
-        "type": _req('"function"', _one_of("function")),
+        "type": _closed(True, '"function"', "function"),
         "function": _nested(True, "a function call", model_checker(_FUNCTION_CALL)),
         "encryptedValue": OPT_STRING,
+        "encryptedValueType": OPT_STRING,
         "metadata": OPT_OBJECT,
     },
 )
@@ -586,7 +731,8 @@ _MESSAGE_BASE: dict[str, Field] = {
     "subagentRunId": OPT_STRING,
     "metadata": OPT_OBJECT,
 }
-_ENCRYPTED = {"encryptedValue": OPT_STRING}
+# Not on activity messages, which carry no encrypted value.
+_ENCRYPTED = {"encryptedValue": OPT_STRING, "encryptedValueType": OPT_STRING}
 _NAMED = {"name": OPT_STRING, **_ENCRYPTED}
 
 MESSAGE_MODELS: Final = {
@@ -686,7 +832,7 @@ _RUN_FINISHED_OUTCOME = union_checker(
             {
                 "type": STRING,
                 "interrupts": _nested(True, "an array of interrupts",
-                                      list_checker(model_checker(_INTERRUPT))),
+                                      list_checker(model_checker(_INTERRUPT), min_items=1)),
             },
         ),
         "cancelled": Model("RunFinishedCancelledOutcome", {"type": STRING}),
@@ -712,7 +858,7 @@ _RUN_AGENT_INPUT = Model(
         "runId": STRING,
         "protocolVersion": OPT_STRING,
         "parentRunId": OPT_STRING,
-        "state": OPT_ANY,
+        "state": OPT_VALUE_OR_RETIRED_NULL,
         "messages": _nested(True, "an array of messages", _MESSAGES),
         "tools": _nested(
             False,
@@ -724,7 +870,7 @@ _RUN_AGENT_INPUT = Model(
                         {
                             "name": STRING,
                             "description": STRING,
-                            "parameters": OPT_ANY,
+                            "parameters": OPT_VALUE_OR_RETIRED_NULL,
                             "metadata": OPT_OBJECT,
                         },
                     )
@@ -738,7 +884,7 @@ _RUN_AGENT_INPUT = Model(
                 model_checker(Model("Context", {"description": STRING, "value": STRING}))
             ),
         ),
-        "forwardedProps": OPT_ANY,
+        "forwardedProps": OPT_VALUE_OR_RETIRED_NULL,
         "resume": _nested(
             False,
             "an array of resume entries",
@@ -748,9 +894,9 @@ _RUN_AGENT_INPUT = Model(
                         "ResumeEntry",
                         {
                             "interruptId": STRING,
-                            "status": _req('"resolved" or "cancelled"',
-                                           _one_of("resolved", "cancelled")),
-                            "payload": OPT_ANY,
+                            "status": _closed(True, '"resolved" or "cancelled"',
+                                              "resolved", "cancelled"),
+                            "payload": OPT_VALUE_OR_RETIRED_NULL,
                             "metadata": OPT_OBJECT,
                         },
                     )
@@ -763,12 +909,12 @@ _RUN_AGENT_INPUT = Model(
 _BASE: dict[str, Field] = {
     "type": STRING,
     "timestamp": _opt("an integer", _is_safe_integer),
-    "rawEvent": OPT_ANY,
+    "rawEvent": OPT_VALUE_OR_RETIRED_NULL,
     "metadata": OPT_OBJECT,
 }
 _ATTRIBUTABLE: dict[str, Field] = {**_BASE, "subagentRunId": OPT_STRING}
 TEXT_MESSAGE_ROLES: Final = frozenset({"developer", "system", "assistant", "user"})
-_TEXT_ROLE = _one_of(*TEXT_MESSAGE_ROLES)
+_TEXT_ROLE = _closed(False, "a text message role", *sorted(TEXT_MESSAGE_ROLES))
 
 
 def _event(model_name: str, base: dict[str, Field], /, **fields: Field) -> Model:
@@ -778,7 +924,7 @@ def _event(model_name: str, base: dict[str, Field], /, **fields: Field) -> Model
 EVENT_MODELS: Final[dict[str, Model]] = {
     "TEXT_MESSAGE_START": _event(
         "TextMessageStartEvent", _ATTRIBUTABLE, messageId=STRING,
-        role=_opt("a text message role", _TEXT_ROLE), name=OPT_STRING,
+        role=_TEXT_ROLE, name=OPT_STRING,
     ),
     "TEXT_MESSAGE_CONTENT": _event(
         "TextMessageContentEvent", _ATTRIBUTABLE, messageId=STRING, delta=STRING
@@ -786,21 +932,21 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "TEXT_MESSAGE_END": _event("TextMessageEndEvent", _ATTRIBUTABLE, messageId=STRING),
     "TEXT_MESSAGE_CHUNK": _event(
         "TextMessageChunkEvent", _ATTRIBUTABLE, messageId=OPT_STRING,
-        role=_opt("a text message role", _TEXT_ROLE), delta=OPT_STRING, name=OPT_STRING,
+        role=_TEXT_ROLE, delta=OPT_STRING, name=OPT_STRING,
     ),
     "TOOL_CALL_START": _event(
         "ToolCallStartEvent", _ATTRIBUTABLE, toolCallId=STRING, toolCallName=STRING,
-        parentMessageId=OPT_STRING,
+        parentMessageId=OPT_STRING_OR_RETIRED_NULL,
     ),
     "TOOL_CALL_ARGS": _event("ToolCallArgsEvent", _ATTRIBUTABLE, toolCallId=STRING, delta=STRING),
     "TOOL_CALL_END": _event("ToolCallEndEvent", _ATTRIBUTABLE, toolCallId=STRING),
     "TOOL_CALL_CHUNK": _event(
         "ToolCallChunkEvent", _ATTRIBUTABLE, toolCallId=OPT_STRING, toolCallName=OPT_STRING,
-        parentMessageId=OPT_STRING, delta=OPT_STRING,
+        parentMessageId=OPT_STRING_OR_RETIRED_NULL, delta=OPT_STRING,
     ),
     "TOOL_CALL_RESULT": _event(
         "ToolCallResultEvent", _ATTRIBUTABLE, messageId=STRING, toolCallId=STRING,
-        content=_TEXT_OR_PARTS, role=_opt('"tool"', _one_of("tool")),
+        content=_TEXT_OR_PARTS, role=_closed(False, '"tool"', "tool"),
     ),
     "STATE_SNAPSHOT": _event("StateSnapshotEvent", _ATTRIBUTABLE, snapshot=ANY),
     "STATE_DELTA": _event(
@@ -825,8 +971,10 @@ EVENT_MODELS: Final[dict[str, Model]] = {
         input=_nested(False, "a run input", model_checker(_RUN_AGENT_INPUT)),
     ),
     "RUN_FINISHED": _event(
-        "RunFinishedEvent", _BASE, threadId=STRING, runId=STRING, result=OPT_ANY,
-        outcome=_nested(False, "a run outcome", _RUN_FINISHED_OUTCOME), usage=_USAGE,
+        "RunFinishedEvent", _BASE, threadId=STRING, runId=STRING,
+        result=OPT_VALUE_OR_RETIRED_NULL,
+        outcome=_nested(False, "a run outcome", _RUN_FINISHED_OUTCOME, retired_null=True),
+        usage=_USAGE,
     ),
     "RUN_ERROR": _event("RunErrorEvent", _BASE, message=STRING, code=OPT_STRING, usage=_USAGE),
     "STEP_STARTED": _event("StepStartedEvent", _ATTRIBUTABLE, stepName=STRING),
@@ -834,7 +982,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "REASONING_START": _event("ReasoningStartEvent", _ATTRIBUTABLE, messageId=STRING),
     "REASONING_MESSAGE_START": _event(
         "ReasoningMessageStartEvent", _ATTRIBUTABLE, messageId=STRING,
-        role=_req('"reasoning"', _one_of("reasoning")),
+        role=_closed(True, '"reasoning"', "reasoning"),
     ),
     "REASONING_MESSAGE_CONTENT": _event(
         "ReasoningMessageContentEvent", _ATTRIBUTABLE, messageId=STRING, delta=STRING
@@ -847,7 +995,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
     "REASONING_ENCRYPTED_VALUE": _event(
         "ReasoningEncryptedValueEvent", _ATTRIBUTABLE,
         subtype=_nested(True, "a string", _subtype, clean=_one_of(*ENCRYPTED_VALUE_SUBTYPES)),
-        entityId=STRING, encryptedValue=STRING,
+        entityId=STRING, encryptedValue=STRING, encryptedValueType=OPT_STRING,
     ),
     "SUBAGENT_STARTED": _event(
         "SubagentStartedEvent", _BASE, subagentRunId=STRING, name=STRING,
@@ -855,7 +1003,7 @@ EVENT_MODELS: Final[dict[str, Model]] = {
         parentMessageId=OPT_STRING,
     ),
     "SUBAGENT_FINISHED": _event(
-        "SubagentFinishedEvent", _BASE, subagentRunId=STRING, result=OPT_ANY,
+        "SubagentFinishedEvent", _BASE, subagentRunId=STRING, result=OPT_VALUE_OR_RETIRED_NULL,
         outcome=_nested(False, "a subagent outcome", _SUBAGENT_OUTCOME),
     ),
     "SUBAGENT_ERROR": _event(
@@ -873,13 +1021,13 @@ CLEAN_CHECKS: Final = {
 
 
 _VERSION = re.compile(r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$")
-SUPPORTED_PROTOCOL: Final = (1, 0)
+SUPPORTED_PROTOCOL: Final = (1, 1)
 
 
 def protocol_version_is_foreign(version: str) -> bool:
-    """True for a declaration newer than 1.0 or not of the MAJOR.MINOR grammar."""
-    if version == "1.0":
-        return False  # the usual declaration: no need for the regex
+    """True for a declaration newer than 1.1 or not of the MAJOR.MINOR grammar."""
+    if version == "1.1" or version == "1.0":
+        return False  # the usual declarations: no need for the regex
     match = _VERSION.match(version)
     if match is None:
         return True

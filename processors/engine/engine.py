@@ -324,13 +324,14 @@ class KeyEngine:
             findings.clear()
             self._fail(FailureCode.MALFORMED_EVENT, f"{event_type}: {error}")
             return None
-        if findings.unknown_fields or findings.unknown_members or findings.unknown_subtype:
+        if (findings.unknown_fields or findings.unknown_members or findings.unknown_subtype
+                or findings.retired_shapes):
             unknown_subtype = findings.unknown_subtype
-            self._warn_stripped(event_type, findings)
+            self._warn_stripped(event_type, findings, checked is REMOVE)
             findings.clear()
             if unknown_subtype and checked is not REMOVE:
                 self._warn(WarningCode.UNKNOWN_SUBTYPE,
-                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.0 member;"
+                           "REASONING_ENCRYPTED_VALUE.subtype is not an AG-UI 1.1 member;"
                            " the event was dropped")
                 self._out.append(EncryptedLost(LossReason.UNKNOWN_SUBTYPE))
                 return None
@@ -518,38 +519,49 @@ class KeyEngine:
     def _warn(self, code: WarningCode, reason: str) -> None:
         self._out.append(Warned(code, reason, self._run_identity()))
 
-    def _warn_retired(self, event_type: str, pointer: str, what: str) -> None:
-        """A retired shape was translated (rule book section 13): warned once per run
-        per event type as received and pointer, like an unknown field."""
+    def _first_in_run(self, key: str) -> bool:
+        """Whether the active run has not warned `key` yet (it has now); outside a run
+        every occurrence warns. A producer that sends the same unknown property, or
+        the same retired shape, on every delta gets one warning per run."""
         run = self.state.run
-        if run is not None:
-            key = f"retired {event_type} {pointer}"
-            if run.warned_fields is None:
-                run.warned_fields = {key}
-            elif key in run.warned_fields:
-                return
-            else:
-                run.warned_fields.add(key)
-        self._warn(WarningCode.RETIRED_SHAPE,
-                   f"{event_type}{pointer}: a retired AG-UI shape; {what}")
+        if run is None:
+            return True
+        if run.warned_fields is None:
+            run.warned_fields = {key}
+        elif key in run.warned_fields:
+            return False
+        else:
+            run.warned_fields.add(key)
+        return True
 
-    def _warn_stripped(self, event_type: str, findings: Findings) -> None:
-        run = self.state.run
-        for pointer in findings.unknown_fields:
-            if run is not None:
-                # De-duplicated per run on (event type as received, pointer).
-                key = f"{event_type} {pointer}"
-                if run.warned_fields is None:
-                    run.warned_fields = {key}
-                elif key in run.warned_fields:
-                    continue
-                else:
-                    run.warned_fields.add(key)
-            self._warn(WarningCode.UNKNOWN_FIELD,
-                       f"{event_type}: unknown property {pointer} was stripped")
+    def _warn_retired(self, event_type: str, pointer: str, what: str) -> None:
+        """A retired shape the engine translated itself (a THINKING_* event)."""
+        if self._first_in_run(f"retired {event_type} {pointer}"):
+            self._warn(WarningCode.RETIRED_SHAPE,
+                       f"{event_type}{pointer}: a retired AG-UI shape; {what}")
+
+    def _warn_stripped(self, event_type: str, findings: Findings, dropped: bool = False) -> None:
+        """The warnings of what the check translated or stripped; `dropped`: the
+        event itself was removed (an unknown member in a required position)."""
+        # Retired shapes first: the compatibility boundary translates them
+        # before the schema is enforced. Retired shapes and unknown properties
+        # are de-duplicated per run on (event type as received, pointer), in
+        # the run's one set of warned keys: an unknown_field key starts with
+        # the event type, a retired_shape key with "retired " (no event type
+        # does), so the two never collide.
+        for code, prefix, pointers, what in (
+            (WarningCode.RETIRED_SHAPE, "retired ", findings.retired_shapes,
+             "retired shape at {} was translated to its AG-UI 1.1 replacement"),
+            (WarningCode.UNKNOWN_FIELD, "", findings.unknown_fields,
+             "unknown property {} was stripped"),
+        ):
+            for pointer in pointers:
+                if self._first_in_run(f"{prefix}{event_type} {pointer}"):
+                    self._warn(code, f"{event_type}: {what.format(pointer)}")
+        removed = "was removed with the event" if dropped else "was removed"
         for pointer in findings.unknown_members:
             self._warn(WarningCode.UNKNOWN_MEMBER,
-                       f"{event_type}: unknown union member at {pointer} was removed")
+                       f"{event_type}: unknown union member at {pointer} {removed}")
 
     # --- chunks -------------------------------------------------------------------
 

@@ -692,7 +692,8 @@ def test_mutation_null_an_optional_field(key: Key, data: st.DataObject) -> None:
     event = dict(key.events[index])
     model = EVENT_MODELS[event["type"]]
     present_optional = [k for k, spec in model.fields.items()
-                        if not spec.required and k in event and not spec.nullable]
+                        if not spec.required and k in event and not spec.nullable
+                        and not spec.retired_null]
     choices = present_optional + [k for k in OPTIONAL_NULLABLE_KEYS]
     if "subagentRunId" in model.fields and not model.fields["subagentRunId"].required:
         choices.append("subagentRunId")

@@ -71,12 +71,10 @@ NULL_OPTIONAL = {
     "subagentRunId": custom(subagentRunId=None),
     "optional string (name)": t_start("m", name=None),
     "optional closed set (role)": t_start("m", role=None),
-    "optional parentMessageId": tc_start("c", parentMessageId=None),
     "chunk messageId": r_chunk(messageId=None, delta="x"),
     "chunk delta": r_chunk(messageId="m", delta=None),
     "tool chunk toolCallName": tc_chunk(toolCallId="c", toolCallName=None),
     "optional boolean (replace)": act_snap("a", {}, replace=None),
-    "optional nested (outcome)": run_finished(outcome=None),
     "optional list (usage)": run_finished(usage=None),
     "optional count in usage": run_finished(usage=[{"inputTokens": None}]),
     "RUN_ERROR code": run_error(code=None),
@@ -118,29 +116,25 @@ def test_null_on_optional_field_of_run_started_is_malformed(event: dict[str, Any
 
 
 NULL_OPAQUE = {
-    "rawEvent": custom(rawEvent=None),
     "metadata value": custom(metadata={"k": None}),
     "custom value": custom(value=None),
     "raw event": raw_event(event=None),
     "state snapshot": {"type": "STATE_SNAPSHOT", "snapshot": None},
-    "subagent result": sub_finished("s", result=None),
     "patch value": {"type": "STATE_DELTA", "delta": [{"op": "add", "path": "/a", "value": None}]},
 }
 
 
 @pytest.mark.parametrize("event", NULL_OPAQUE.values(), ids=NULL_OPAQUE.keys())
 def test_null_in_opaque_position_is_a_value(event: dict[str, Any]) -> None:
-    events: list[Any] = [event]
-    if event["type"] == "SUBAGENT_FINISHED":
-        events = [sub_started("s"), event]
-    finished_clean(play_run(*events))
+    finished_clean(play_run(event))
 
 
-def test_null_result_and_input_state_are_values() -> None:
+def test_null_result_and_input_state_are_retired_shapes() -> None:
     replay = play(run_started(input={"threadId": "t1", "runId": "r1", "messages": [],
                                      "state": None, "forwardedProps": None}),
                   run_finished(result=None))
-    finished_clean(replay)
+    assert replay.failures == []
+    assert replay.warnings == [(1, "retired_shape"), (1, "retired_shape"), (2, "retired_shape")]
 
 
 @pytest.mark.parametrize("timestamp", [1.5, "1700", True, False, 2**53, -(2**53), 1e20, [1], {}])
@@ -409,12 +403,12 @@ def test_unknown_string_subtype_strips_event_and_loses_value(subtype: str) -> No
     assert replay.messages[0]["encryptedValue"] == "first"
 
 
-@pytest.mark.parametrize("version", ["1.0", "0.9", "0.0", "1.0"])
+@pytest.mark.parametrize("version", ["1.0", "0.9", "0.0", "1.1"])
 def test_protocol_version_not_newer_is_silent(version: str) -> None:
     finished_clean(play(run_started(protocolVersion=version), run_finished()))
 
 
-@pytest.mark.parametrize("version", ["1.1", "2.0", "1", "v1.0", "1.0.0", "", "10.0", " 1.0",
+@pytest.mark.parametrize("version", ["1.2", "2.0", "1", "v1.0", "1.0.0", "", "10.0", " 1.0",
                                      "1.0-beta", "one"])
 def test_protocol_version_newer_or_foreign_warns_and_proceeds(version: str) -> None:
     replay = play(run_started(protocolVersion=version), *text("m", "x"), run_finished())
@@ -647,7 +641,7 @@ def test_span_ids_namespace_nothing() -> None:
     assert messages == [{"id": "x", "role": "reasoning", "content": "ok", "encryptedValue": "v"}]
 
 
-@pytest.mark.parametrize("role", ["assistant", "Reasoning", "", 1])
+@pytest.mark.parametrize("role", [1, True, ["reasoning"]])
 def test_reasoning_start_role_fixed(role: Any) -> None:
     fails_at(play_run(r_start("m", role=role)), 2, "malformed_event")
 
@@ -940,7 +934,7 @@ def test_text_and_reasoning_are_separate_namespaces() -> None:
     fails_at(play_run(r_start("m"), t_content("m", "x")), 3, "message_not_open")
 
 
-@pytest.mark.parametrize("role", ["critic", "reasoning", "tool", "activity", 3])
+@pytest.mark.parametrize("role", [3, False, ["user"]])
 def test_text_message_role_closed_set(role: Any) -> None:
     fails_at(play_run(t_start("m", role=role)), 2, "malformed_event")
 
@@ -995,7 +989,7 @@ def test_tool_result_placed_after_host_and_earlier_results() -> None:
 
 
 def test_tool_result_role_closed_set() -> None:
-    fails_at(play_run(tc_result("r", "c", role="assistant")), 2, "malformed_event")
+    fails_at(play_run(tc_result("r", "c", role=5)), 2, "malformed_event")
 
 
 # --- owners ---------------------------------------------------------------------------
@@ -1273,7 +1267,7 @@ def test_snapshot_messages_and_tool_calls_become_entities() -> None:
 
 def test_snapshot_tool_call_type_closed_set() -> None:
     fails_at(play_run(snapshot({"id": "a", "role": "assistant", "toolCalls": [
-        {"id": "c", "type": "mcp", "function": {"name": "f", "arguments": ""}}]})),
+        {"id": "c", "type": 5, "function": {"name": "f", "arguments": ""}}]})),
         2, "malformed_event")
 
 
