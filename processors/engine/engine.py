@@ -656,9 +656,10 @@ class KeyEngine:
                 raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                  f"tool call chunk for {item_id!r} names another tool")
             # A repeated parentMessageId must be the opener's, whose absence (or "")
-            # established none (patterns/streaming).
-            if ("parentMessageId" in event and call is not None and not call.continued
-                    and (event["parentMessageId"] or None) != call.parent):
+            # established none (patterns/streaming); "" repeats nothing.
+            claimed = event.get("parentMessageId") or None
+            if (claimed is not None and call is not None and not call.continued
+                    and claimed != call.parent):
                 raise RunFailure(FailureCode.CHUNK_CONFLICT,
                                  f"tool call chunk for {item_id!r} names another parent message")
         elif kind is ChunkKind.TEXT:

@@ -84,7 +84,7 @@ def assert_malformed_at(replay: Replay, line: int) -> None:
 
 def assert_finished(replay: Replay) -> None:
     assert replay.failures == [], replay.entries()
-    assert replay.concluded and replay.concluded[-1].outcome.value == "finished"
+    assert replay.concluded and replay.concluded[-1].outcome.value == "success"
     for message in replay.messages:
         MESSAGE.validate_python(message)
 
@@ -471,7 +471,7 @@ def test_retired_null_parent_means_no_parent() -> None:
 
 def test_retired_null_outcome_means_success() -> None:
     replay = play(run_started(), run_finished(outcome=None))
-    assert replay.concluded[0].outcome.value == "finished"
+    assert replay.concluded[0].outcome.value == "success"
 
 
 def test_retired_shapes_are_warned_once_per_run_type_and_pointer() -> None:
