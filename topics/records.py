@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 HISTORY_SCHEMA: Final = "agui.history.v2"
-DEADLETTER_SCHEMA: Final = "agui.deadletter.v2"
+DEADLETTER_SCHEMA: Final = "agui.deadletter.v1"
 
 # What a history content record does to the thread a consumer folds (docs/topics.md,
 # *Folding the history topic*): `message` replaces the held message with its id in
@@ -112,7 +112,7 @@ class DeadLetter(_Record):
     record's headers copied onto it (`headersDropped`: how many), what is past the first
     1,024 characters of the reason, tenant and ids (`cut`)."""
 
-    schema_: Literal["agui.deadletter.v2"] = Field(DEADLETTER_SCHEMA, alias="schema")
+    schema_: Literal["agui.deadletter.v1"] = Field(DEADLETTER_SCHEMA, alias="schema")
     kind: Literal["failure", "warning"]
     code: str
     reason: str
