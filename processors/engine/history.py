@@ -83,8 +83,8 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]],
     for mid, record in run.messages.items():
         if survives(mid, record.role):
             by_id[mid] = record
-        elif record.origin == CONTINUED:  # a delivered message, continued by this run
-            _remove(run, mid)
+        elif record.origin == CONTINUED or (held and mid in held):
+            _remove(run, mid)  # a message an earlier run delivered (continued or restated)
     if held:
         removed = run.removed or ()
         for mid, role in held.items():
@@ -94,8 +94,6 @@ def apply_snapshot(run: RunState, snapshot: list[dict[str, Any]],
         previous = by_id.get(record.id)
         if previous is not None:
             _keep_open_calls(previous, record, open_calls)
-        if run.removed and record.id in run.removed and record.id not in by_id:
-            run.removed.remove(record.id)  # dropped by an earlier snapshot, restated again
         by_id[record.id] = record  # a restated message keeps its place, a new one goes last
     run.messages = by_id
     run.tool_index = {

@@ -472,3 +472,20 @@ def test_an_unknown_event_type_is_named_when_it_looks_like_a_type() -> None:
     replay = play_run({"type": "FUTURE_EVENT"}, {"type": "a secret sentence, not a type"})
     assert "'FUTURE_EVENT'" in replay.reasons[0]
     assert "secret" not in replay.reasons[1] and "(not shown)" in replay.reasons[1]
+
+
+def test_a_delivered_message_dropped_then_restated_in_one_run_goes_last() -> None:
+    replay = two_runs([*reasoning("m1", "a")],
+                      [snapshot({"id": "m2", "role": "reasoning", "content": "b"}),
+                       snapshot({"id": "m1", "role": "reasoning", "content": "c"},
+                                {"id": "m2", "role": "reasoning", "content": "b"})])
+    assert [(kind, message["id"]) for kind, message in entries(replay.concluded[1])] == [
+        ("removal", "m1"), ("message", "m2"), ("message", "m1")]
+
+
+def test_a_restated_delivered_message_a_later_snapshot_drops_is_removed() -> None:
+    replay = two_runs([*reasoning("m1", "a")],
+                      [snapshot({"id": "m1", "role": "reasoning", "content": ""}),
+                       snapshot({"id": "m2", "role": "reasoning", "content": "b"})])
+    assert [(kind, message["id"]) for kind, message in entries(replay.concluded[1])] == [
+        ("removal", "m1"), ("message", "m2")]
