@@ -1255,7 +1255,7 @@ def _args_slot(run: RunState, call: ToolCallRecord) -> int:
 
 
 def _merged(current: dict[str, Any] | None, update: dict[str, Any]) -> dict[str, Any]:
-    """Metadata merges key by key, last write wins, no recursion (AG-UI 1.0)."""
+    """Metadata merges key by key, last write wins, no recursion (AG-UI 1.1, basic/metadata)."""
     if current is None:
         return dict(update)
     current.update(update)

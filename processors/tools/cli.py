@@ -9,14 +9,14 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agui-stream",
-        description="Validate AG-UI 1.0 run streams and reassemble their history.",
+        description="Validate AG-UI 1.1 run streams and reassemble their history.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = commands.add_parser(
         "check",
         help="check one run key's events offline (a JSON-lines file, or - for stdin)",
         description="Check the events of one run key (one JSON event per line, in order) "
-        "against the AG-UI 1.0 rules. Exit 0 when no run failed, 1 when one did, "
+        "against the AG-UI 1.1 rules. Exit 0 when no run failed, 1 when one did, "
         "2 for usage or I/O errors.",
     )
     check.add_argument("path", help="JSON-lines file of one run key's record values, or -")
