@@ -230,7 +230,12 @@ def test_poison_shapes_get_one_dead_letter_each_and_the_runs_around_them_are_who
         worker.stop()
     assert sorted(r.key.decode() for r in dead) == sorted(shapes)
     assert all(r.value["code"] in ("malformed_event", "undecodable_record") for r in dead)
-    assert {r["runId"] for r in closing(history)} == expected
+    # Every run that ends gets a closing record: the poisoned ones say they failed.
+    assert {r["runId"] for r in closing(history) if r["outcome"] == "success"} == expected
+    assert {r["runId"]: r["failure"]["code"] for r in closing(history)
+            if r["outcome"] == "failed"} == {f"{name}-poisoned": dead_letter.value["code"]
+                                             for name in shapes for dead_letter in dead
+                                             if dead_letter.key.decode() == name}
     for record in history:
         if record.value["kind"] == "message":
             assert record.value["message"]["content"] == "whole"
@@ -264,7 +269,7 @@ def test_tenants_with_the_same_run_key_never_see_each_other(
         "globex": {"id": "rm", "role": "reasoning", "content": "globex thinks"},
     }
     assert {r.key for r in history} == {b"acme/thread", b"globex/thread", b"default/thread"}
-    assert sorted(r["outcome"] for r in closing(history)) == ["finished"] * 3
+    assert sorted(r["outcome"] for r in closing(history)) == ["success"] * 3
 
 
 # Ticks come every idle timeout / 4. At 16 s they are sparser than the commits
@@ -290,14 +295,16 @@ def test_idle_runs_are_abandoned_and_their_state_freed(
         produce(kafka_bootstrap, namespace.events,
                 [(b"stuck", e, []) for e in run_events("t", "again")])
         history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
-            lambda recs: len(closing(recs)) >= 1, 60, "the fresh run", worker.log_tail)
+            lambda recs: len(closing(recs)) >= 2, 60, "the fresh run", worker.log_tail)
     finally:
         worker.stop()
     abandoned = next(r.value for r in dead if r.value["code"] == "run_abandoned")
     assert abandoned["kind"] == "failure" and abandoned["runId"] == "stuck"
     assert counter_value(metrics, "agui_encrypted_content_lost_total", "run_abandoned") == 1
     assert counter_value(metrics, "agui_run_failures_total", "run_abandoned") == 1
-    assert closing(history)[0]["runId"] == "again"
+    # The abandoned run's closing record says so; the fresh run concludes on its own.
+    assert [(r["runId"], r["outcome"]) for r in closing(history)] == [
+        ("stuck", "abandoned"), ("again", "success")]
 
 
 def test_signals_log_where_tasks_wait_and_never_reasoning(
