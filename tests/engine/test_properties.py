@@ -611,6 +611,14 @@ def test_mutation_drop_an_end(key: Key, data: st.DataObject) -> None:
         and _item_id(key.emitted[j].event) == _item_id(key.emitted[i].event)
         and key.emitted[j].kind.split(":")[1] == key.emitted[i].kind.split(":")[1]
         for j in range(len(key.emitted)))]
+    # An END also closes its lane's pending chunk item; without it a subagent's lane
+    # could keep an item pending, and a later untagged id-less chunk would then
+    # rightly fail as ambiguous before RUN_FINISHED. Drop only ENDs whose lane never
+    # held a chunk item (every untagged END's lane is the parent's: its item, if any,
+    # takes the chunk, no ambiguity).
+    last_ends = [i for i in last_ends if _lane(key.emitted[i].event) is None or not any(
+        e.kind.startswith("chunk:") and _lane(e.event) == _lane(key.emitted[i].event)
+        for e in key.emitted[:i])]
     if not last_ends:
         return
     index = data.draw(st.sampled_from(last_ends))
@@ -618,6 +626,10 @@ def test_mutation_drop_an_end(key: Key, data: st.DataObject) -> None:
     mutated = key.events[:index] + key.events[index + 1:]
     expected_line = _run_finished_line(key, dropped.run) - 1  # one line less before it
     assert first_failure(feed_all(mutated)) == (expected_line, "open_at_finish")
+
+
+def _lane(event: dict[str, Any]) -> str | None:
+    return event.get("subagentRunId")
 
 
 def _item_id(event: dict[str, Any]) -> str:
