@@ -1,4 +1,5 @@
-"""The service on a real broker: throughput, changelog bytes, memory per open run.
+"""The service on a real broker: throughput, changelog bytes, memory per open run and
+per concluded key.
 
     .venv/bin/python benchmarks/service_bench.py [--events N] [--repeat R] [--open-runs K]
                                                  [--deltas D] [--seed S] [--no-rocksdb]
@@ -46,6 +47,8 @@ and every worker it starts is stopped before it exits.
    short reasoning message but never finish (each under its own key); the
    difference divided by K. The serialized size per open run (its run-state
    value and run-text entries, from the changelogs) is printed as a lower bound.
+   Then K more keys whose runs start, stream the same message and finish: the
+   RSS they add, divided by K, is what the worker keeps of a concluded key.
 4. **Concurrent runs: changelog records per input, and history latency.** One
    worker (memory://, exactly_once). 200 runs of 100 deltas each, their records
    interleaved and the runs starting staggered, produced at 3,000 records/s
@@ -804,6 +807,27 @@ def settle_rss(pid: int, seconds: float = 6.0) -> int:
     return samples[-1]
 
 
+def reasoning_runs(prefix: str, runs: int, rng: random.Random,
+                   finished: bool) -> list[tuple[bytes, bytes, list[tuple[str, bytes]]]]:
+    """Runs that each start and stream a short reasoning message under a key of their
+    own; `finished`, they also end the message and finish."""
+    records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = []
+    for n in range(runs):
+        key = f"{prefix}{n:06d}"
+        run_id, message_id = f"{key}-run", f"{key}-m"
+        events: list[dict[str, Any]] = [
+            {"type": "RUN_STARTED", "threadId": key, "runId": run_id},
+            {"type": "REASONING_MESSAGE_START", "messageId": message_id, "role": "reasoning"},
+            *({"type": "REASONING_MESSAGE_CONTENT", "messageId": message_id,
+               "delta": text(rng, 20, 60)} for _ in range(3)),
+        ]
+        if finished:
+            events += [{"type": "REASONING_MESSAGE_END", "messageId": message_id},
+                       {"type": "RUN_FINISHED", "threadId": key, "runId": run_id}]
+        records.extend((key.encode(), orjson.dumps(e), []) for e in events)
+    return records
+
+
 def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
                 open_runs: int, seed: int) -> dict[str, Any]:
     print(f"\n== 3. memory per open run, idle ({open_runs:,} runs that never finish) ==")
@@ -815,18 +839,7 @@ def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: 
         pid = worker.process.pid
         idle = settle_rss(pid, 8.0)
         assert worker.processed() == 0
-        records = []
-        for n in range(open_runs):
-            key = f"open{n:06d}"
-            run_id, message_id = f"{key}-run", f"{key}-m"
-            events: list[dict[str, Any]] = [
-                {"type": "RUN_STARTED", "threadId": key, "runId": run_id},
-                {"type": "REASONING_MESSAGE_START", "messageId": message_id,
-                 "role": "reasoning"},
-                *({"type": "REASONING_MESSAGE_CONTENT", "messageId": message_id,
-                   "delta": text(rng, 20, 60)} for _ in range(3)),
-            ]
-            records.extend((key.encode(), orjson.dumps(e), []) for e in events)
+        records = reasoning_runs("open", open_runs, rng, finished=False)
         produce(bootstrap, ns.events, records)
         wait_for(lambda: worker.processed() >= len(records), 300,
                  f"worker to process {len(records)} records", worker.log_tail)
@@ -851,11 +864,33 @@ def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: 
               f"{state_bytes / max(1, len(states)):,.0f} B ({len(states):,} keys) + run-text "
               f"{text_bytes / open_runs:,.0f} B ({len(texts) / open_runs:.1f} entries per run;"
               " key+value, latest per key)")
+        concluded = concluded_keys(bootstrap, ns, worker, open_runs, rng)
+        after = settle_rss(pid, 6.0)
+        print(f"  after {open_runs:,} more keys whose runs concluded  {after / 2**20:8.1f} MiB")
+        print(f"  memory per concluded key                {(after - loaded) / open_runs:8,.0f}"
+              f" B  (RSS difference / keys; their stored state {concluded:,.0f} B each)")
         return {"idle": idle, "loaded": loaded, "per_run": per_run,
                 "serialized": (state_bytes + text_bytes) / open_runs,
-                "state": state_bytes / max(1, len(states))}
+                "state": state_bytes / max(1, len(states)),
+                "per_concluded_key": (after - loaded) / open_runs}
     finally:
         worker.stop()
+
+
+def concluded_keys(bootstrap: str, ns: Namespace, worker: Worker, keys: int,
+                   rng: random.Random) -> float:
+    """Runs that start, stream a short reasoning message and finish, each under a key
+    of its own: what a worker keeps of a key once its run concluded. Returns the mean
+    run-state bytes stored per key (what the store keeps of it)."""
+    done = worker.processed()
+    records = reasoning_runs("done", keys, rng, finished=True)
+    produce(bootstrap, ns.events, records)
+    wait_for(lambda: worker.processed() >= done + len(records), 300,
+             f"worker to process {len(records)} records", worker.log_tail)
+    time.sleep(6.0)  # two commit intervals (2.8 s): the keys' changes are applied
+    states = [v for k, v in read_topic(bootstrap, f"{ns.app_id}-run-state-changelog")
+              if v is not None and b"done" in k]
+    return sum(map(len, states)) / max(1, len(states))
 
 
 # ---------------------------------------------------------------------------------------

@@ -42,6 +42,15 @@ DOCUMENTED: Final = (
     ("AGUI_TENANT_HEADER", "tenant", "record header naming the tenant"),
     ("AGUI_DEFAULT_TENANT", "default", "tenant of records without that header"),
     ("AGUI_IDLE_TIMEOUT_SECONDS", "3600", "a run idle this long is abandoned (run_abandoned)"),
+    ("AGUI_RUN_MAX_EVENTS", "1000000", "records one run may have; past it the run fails"
+     " (run_event_limit)"),
+    ("AGUI_RUN_MAX_CONTENT_CHARS", "16000000", "characters of streamed text and tool-call"
+     " arguments one run may hold (about 2 bytes of memory each); past it the run fails"
+     " (run_content_limit)"),
+    ("AGUI_RUN_MAX_ITEMS", "10000", "messages, tool calls and open spans, steps and subagents"
+     " one run may hold; past it the run fails (run_item_limit)"),
+    ("AGUI_TENANT_MAX_OPEN_RUNS", "2000", "runs one tenant may have open in one input"
+     " partition; a run past it fails (tenant_open_run_limit); 0: no limit"),
     ("AGUI_STORE", "rocksdb://", "table store: rocksdb:// (production) or memory://"),
     ("AGUI_DATA_DIR", "/var/lib/agui-stream", "where RocksDB state lives"),
     ("AGUI_PROCESSING_GUARANTEE", "exactly_once", "exactly_once or at_least_once"),
@@ -86,6 +95,10 @@ class Settings:
     tenant_header: str
     default_tenant: str
     idle_timeout_seconds: float
+    run_max_events: int
+    run_max_content_chars: int
+    run_max_items: int
+    tenant_max_open_runs: int
     store: str
     data_dir: str
     processing_guarantee: str
@@ -179,6 +192,15 @@ class Settings:
                 _integer("AGUI_IDLE_TIMEOUT_SECONDS", get("AGUI_IDLE_TIMEOUT_SECONDS"), 1,
                          30 * 86_400)
             ),
+            run_max_events=_integer("AGUI_RUN_MAX_EVENTS", get("AGUI_RUN_MAX_EVENTS"), 100,
+                                    1_000_000_000),
+            run_max_content_chars=_integer("AGUI_RUN_MAX_CONTENT_CHARS",
+                                           get("AGUI_RUN_MAX_CONTENT_CHARS"), 1_000,
+                                           1_000_000_000),
+            run_max_items=_integer("AGUI_RUN_MAX_ITEMS", get("AGUI_RUN_MAX_ITEMS"), 10,
+                                   10_000_000),
+            tenant_max_open_runs=_integer("AGUI_TENANT_MAX_OPEN_RUNS",
+                                          get("AGUI_TENANT_MAX_OPEN_RUNS"), 0, 100_000_000),
             store=store,
             data_dir=_non_empty("AGUI_DATA_DIR", get("AGUI_DATA_DIR")),
             processing_guarantee=_choice("AGUI_PROCESSING_GUARANTEE",

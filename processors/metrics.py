@@ -61,6 +61,10 @@ class Metrics:
             "Records skipped because they were already applied (replay after a crash).",
             registry=r,
         )
+        self.tenant_open_runs = Gauge(
+            "agui_tenant_open_runs",
+            "Runs open on this worker, by tenant (the first 50 tenants seen; the rest as"
+            " other).", ["tenant"], registry=r)
         self.open_runs = Gauge(
             "agui_open_runs", "Runs started and not yet concluded on this worker.", registry=r
         )

@@ -120,7 +120,7 @@ class Worker:
             cls.started.pop().kill()
 
     def __init__(self, namespace: Namespace, log_dir: Path, name: str = "worker",
-                 restarted: bool = False, **env: str) -> None:
+                 restarted: bool = False, wrapper: tuple[str, ...] = (), **env: str) -> None:
         self.port = free_port()
         self.data_dir = log_dir / f"{name}-data"
         self.log_path = log_dir / f"{name}.log"
@@ -128,13 +128,14 @@ class Worker:
                                  AGUI_DATA_DIR=str(self.data_dir), **env)
         self.process: subprocess.Popen[bytes] | None = None
         self.restarted = restarted
+        self.wrapper = wrapper  # runs the worker under it (`prlimit --as=…`, say)
         self.starts = 0
 
     def start(self) -> Worker:
         self.starts += 1
         log = self.log_path.open("ab")
-        command = [*_DIE_WITH_PARENT, *(["bash", "-c", _SUPERVISOR] if self.restarted
-                                        else [AGUI_STREAM, "worker"])]
+        command = [*_DIE_WITH_PARENT, *self.wrapper,
+                   *(["bash", "-c", _SUPERVISOR] if self.restarted else [AGUI_STREAM, "worker"])]
         self.process = subprocess.Popen(command, env=self.env, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         log.close()

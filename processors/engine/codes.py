@@ -31,6 +31,12 @@ class FailureCode(StrEnum):
     CHUNK_AMBIGUOUS = "chunk_ambiguous"
     CHUNK_CONFLICT = "chunk_conflict"
     OWNER_MISMATCH = "owner_mismatch"
+    # The limits that keep one run, or one tenant, from exhausting a worker
+    # (docs/rules.md section 3, docs/operations.md).
+    RUN_EVENT_LIMIT = "run_event_limit"
+    RUN_CONTENT_LIMIT = "run_content_limit"
+    RUN_ITEM_LIMIT = "run_item_limit"
+    TENANT_OPEN_RUN_LIMIT = "tenant_open_run_limit"
 
 
 class WarningCode(StrEnum):

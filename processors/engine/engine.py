@@ -42,6 +42,7 @@ from processors.engine.decisions import (
     Warned,
 )
 from processors.engine.jsonpatch import apply_patch
+from processors.engine.limits import DEFAULT_LIMITS, RunLimits
 from processors.engine.retired import RETIRED_EVENTS, translate_thinking
 from processors.engine.state import (
     BUILT,
@@ -195,14 +196,21 @@ class KeyEngine:
 
     # Slots keep the attributes inside the object: one cache line less to
     # fetch per record when a service interleaves thousands of keys.
-    __slots__ = ("_findings", "_memo", "_memo_fragments", "_memo_id", "_memo_tag", "_out",
-                 "content", "state")
+    __slots__ = ("_chars", "_events", "_findings", "_limits", "_memo", "_memo_fragments",
+                 "_memo_id", "_memo_tag", "_out", "content", "state")
 
-    def __init__(self, state: KeyState | None = None, content: ContentStore | None = None) -> None:
+    def __init__(self, state: KeyState | None = None, content: ContentStore | None = None,
+                 limits: RunLimits = DEFAULT_LIMITS) -> None:
         self.state = state if state is not None else KeyState()
         self.content: ContentStore = content if content is not None else InMemoryContentStore()
         self._out: list[Decision] = []  # the current record's decisions; `_step` empties it
         self._findings = Findings()
+        self._limits = limits
+        # The active run's records and streamed characters (processors.engine.limits);
+        # restored, the run's text is counted from what was restored.
+        self._events = 0
+        self._chars = (0 if self.state.run is None
+                       else sum(map(len, self.content.texts().values())))
         # The delta memo: where the key's next delta goes, if it is the same as
         # the last one. Set by a CONTENT/ARGS, or a chunk continuing an item,
         # that did nothing but append (its keys within its namespace's
@@ -243,6 +251,11 @@ class KeyEngine:
             if delta is not None:
                 if delta:
                     self._memo_fragments.append(delta)
+                    self._chars += len(delta)
+                self._events += 1
+                if self._chars > self._limits.content_chars or (
+                        self._events > self._limits.events):
+                    return self._over_limit(event_type)
                 return memo.quiet
         if type(event_type) is not str:
             return self._undecodable()
@@ -274,6 +287,7 @@ class KeyEngine:
             outside_run(self, event_type, event)
         else:
             self._memo = None  # the run changes: where a delta goes may change with it
+            self._events += 1
             try:
                 lanes = run.lanes
                 if lanes:
@@ -286,10 +300,48 @@ class KeyEngine:
                             self._close_lane(run, lane)
                 in_run = rule.in_run
                 in_run(self, run, event)
+                self._check_limits(run)
             except RunFailure as failure:
                 self._fail(failure.code, failure.reason)
         out = self._out
         return _step(event_type, out) if out else rule.quiet
+
+    def _check_limits(self, run: RunState) -> None:
+        """Past one of the run's limits, the run fails (processors.engine.limits)."""
+        limits = self._limits
+        if self._events > limits.events:
+            raise RunFailure(FailureCode.RUN_EVENT_LIMIT,
+                             f"the run applied more than {limits.events} records")
+        if self._chars > limits.content_chars:
+            raise RunFailure(FailureCode.RUN_CONTENT_LIMIT,
+                             f"the run streamed more than {limits.content_chars} characters"
+                             " of text and tool-call arguments")
+        items = (len(run.messages) + len(run.tool_index) + len(run.open[_SPANS.index])
+                 + len(run.open[_STEPS.index]) + len(run.open[_SUBAGENTS.index]))
+        if items > limits.items:
+            raise RunFailure(FailureCode.RUN_ITEM_LIMIT,
+                             f"the run holds more than {limits.items} messages, tool calls and"
+                             " open spans, steps and subagents")
+
+    def _over_limit(self, event_type: str) -> Step:
+        """A repeated delta took the run past a limit: it fails at this record."""
+        self._memo = None
+        run = self.state.run
+        assert run is not None  # the memo is set only while a run is active
+        try:
+            self._check_limits(run)
+        except RunFailure as failure:
+            self._fail(failure.code, failure.reason)
+        return _step(event_type, self._out)
+
+    def refuse(self, code: FailureCode, reason: str) -> tuple[Decision, ...]:
+        """The caller ends the active run with a failure of its own (a tenant's limit);
+        the decisions, which belong to the record just fed."""
+        if self.state.run is not None:
+            self._fail(code, reason)
+        decisions = tuple(self._out)
+        self._out.clear()
+        return decisions
 
     def abandon(self) -> Step:
         """The caller's idle timeout expired: the active run fails `run_abandoned`."""
@@ -357,6 +409,7 @@ class KeyEngine:
         run = RunState(event["threadId"], event["runId"])
         version = event.get("protocolVersion")
         self.state.run = run
+        self._events, self._chars = 1, 0
         self.state.phase = Phase.ACTIVE
         if version is not None and protocol_version_is_foreign(version):
             self._warn(WarningCode.PROTOCOL_VERSION,
@@ -389,6 +442,7 @@ class KeyEngine:
                 run.messages[message_id] = record
                 for call in record.tool_calls or ():
                     run.tool_index[call.id] = message_id
+        _bound_index(state, self._limits.items)
 
     def _run_already_active(self, run: RunState, event: dict[str, Any]) -> None:
         raise RunFailure(FailureCode.RUN_ALREADY_ACTIVE,
@@ -483,6 +537,7 @@ class KeyEngine:
             message = history.to_message(record, texts)
             entries.append(HistoryEntry(_ENTRY_KINDS[origin], message))
             _hold(state, record.id, record.role, message.get("toolCalls"))
+        _bound_index(state, self._limits.items)
         return entries
 
     def _conclude(self, outcome: Outcome, run: RunState, event: dict[str, Any],
@@ -499,6 +554,7 @@ class KeyEngine:
             self.content.clear()
         self.state.run = None
         self._memo = None
+        self._events = self._chars = 0
 
     def _fail(self, code: FailureCode, reason: str,
               loss: LossReason = LossReason.RUN_FAILED) -> None:
@@ -808,6 +864,7 @@ class KeyEngine:
         if delta:
             fragments = self.content.fragments(_text_slot(run, record))
             fragments.append(delta)
+            self._chars += len(delta)
         if metadata is not None:
             record.metadata = _merged(record.metadata, metadata)
         return fragments
@@ -898,6 +955,7 @@ class KeyEngine:
         if delta:
             fragments = self.content.fragments(_args_slot(run, call))
             fragments.append(delta)
+            self._chars += len(delta)
         if metadata is not None:
             call.metadata = _merged(call.metadata, metadata)
         return fragments
@@ -1293,6 +1351,20 @@ def _hold(state: KeyState, message_id: str, role: str,
             name = call.get("function", {}).get("name")
             if name is not None:  # a continued call's entry names none: it is held already
                 state.held_calls[call["id"]] = [message_id, name]
+
+
+def _bound_index(state: KeyState, cap: int) -> None:
+    """The key's index remembers at most `cap` messages: past it, the oldest tenth is
+    forgotten at once (with their tool calls), so its size follows the limit and the
+    work stays linear. A later run naming a forgotten message names an unknown one."""
+    held = state.held
+    if held is None or len(held) <= cap:
+        return
+    keep = list(held)[len(held) - cap + cap // 10:]
+    state.held = {message_id: held[message_id] for message_id in keep}
+    if state.held_calls:
+        state.held_calls = {call: entry for call, entry in state.held_calls.items()
+                            if entry[0] in state.held}
 
 
 def _forget(state: KeyState, message_id: str) -> None:

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from processors.engine.codes import LossReason
-from processors.engine.decisions import RunIdentity
+from processors.engine.codes import FailureCode, LossReason
+from processors.engine.decisions import RunIdentity, Step
 from processors.engine.engine import KeyEngine
 from processors.engine.history import held_encrypted_values
+from processors.engine.limits import DEFAULT_LIMITS, RunLimits
 from processors.engine.state import KeyState, Phase
 from processors.metrics import Metrics
 from processors.processing.outputs import Incoming, Outgoing, OutputBuilder
@@ -50,6 +51,7 @@ from processors.processing.stored_keys import (
     state_part_key,
     state_parts,
 )
+from processors.processing.tenants import TenantTally
 from processors.safe_logging import log_exception_kind
 from topics.declarations import STATE_TABLE, TEXT_TABLE
 
@@ -95,9 +97,10 @@ class CachedKey:
     stale_texts: list[bytes] = field(default_factory=list)  # text entries to delete
 
     @classmethod
-    def empty(cls, partition: int, now: float, phase: Phase = Phase.FRESH) -> CachedKey:
+    def empty(cls, partition: int, now: float, phase: Phase = Phase.FRESH,
+              limits: RunLimits = DEFAULT_LIMITS) -> CachedKey:
         text = WriteBehindText()
-        return cls(KeyEngine(KeyState(phase), text), text, partition, now)
+        return cls(KeyEngine(KeyState(phase), text, limits), text, partition, now)
 
 
 def state_key_for(tenant: str, key: bytes) -> bytes:
@@ -122,24 +125,33 @@ class _Restored(NamedTuple):
 class _Partition:
     keys: dict[bytes, None] = field(default_factory=dict)  # cached keys of the partition
     dirty: dict[bytes, None] = field(default_factory=dict)  # keys with changes to hand out
-    scanned: bool = False  # the stored keys of the partition are all cached
+    scanned: bool = False  # the stored keys of the partition are all known
+    # Keys with no run open, stored and not cached: when each was last seen, for the
+    # sweep that frees them (a float each, where a cached key holds an engine).
+    resting: dict[bytes, float] = field(default_factory=dict)
 
 
 class RecordProcessor:
     """Applies input records of the partitions a worker owns; see the module docstring."""
 
     def __init__(self, builder: OutputBuilder, metrics: Metrics, stored: StoredTables, *,
-                 tenant_header: str, default_tenant: str, idle_timeout: float) -> None:
+                 tenant_header: str, default_tenant: str, idle_timeout: float,
+                 limits: RunLimits = DEFAULT_LIMITS, tenant_open_runs: int = 0) -> None:
         self.builder = builder
         self.metrics = metrics
         self.stored = stored
         self.tenant_header = tenant_header
         self.default_tenant = default_tenant
         self.idle_timeout = idle_timeout
+        self.limits = limits
+        # How many runs one tenant may have open in one input partition (0: any).
+        self.tenant_open_runs = tenant_open_runs
         self._cache: dict[bytes, CachedKey] = {}
         self._partitions: dict[int, _Partition] = {}
         self._deleted: dict[bytes, None] = {}  # keys deleted by changes() not yet applied
+        self._resting: dict[bytes, None] = {}  # keys at rest in changes() not yet applied
         self._open_runs = 0
+        self._tenants = TenantTally(metrics)
 
     # --- records -------------------------------------------------------------------
 
@@ -161,6 +173,12 @@ class RecordProcessor:
                 return out
             was_open = cached.engine.state.run is not None
             step = cached.engine.feed(record.value)
+            if (not was_open and cached.engine.state.run is not None and self.tenant_open_runs
+                    and self._tenants.open(record.partition, tenant) >= self.tenant_open_runs):
+                step = Step(step.event_type, (*step.decisions, *cached.engine.refuse(
+                    FailureCode.TENANT_OPEN_RUN_LIMIT,
+                    f"tenant already has {self.tenant_open_runs} runs open in input partition"
+                    f" {record.partition} (AGUI_TENANT_MAX_OPEN_RUNS)")))
             cached.applied = Applied(record.topic, record.offset)
             self._touch(state_key, cached, was_open)
             out.extend(self.builder.build(step, record, tenant))
@@ -174,6 +192,10 @@ class RecordProcessor:
         Never raises: a key that cannot be swept is contained like a record.
         """
         out: list[Outgoing] = []
+        part = self._part(partition)
+        for state_key, last_seen in list(part.resting.items()):
+            if now - last_seen >= self.idle_timeout:  # loaded, then freed below
+                self._load_for_sweep(state_key, partition, last_seen, tick, out)
         for state_key in self._keys_of(partition, now, tick, out):
             cached = self._cache.get(state_key)
             if cached is None or cached.freed or now - cached.last_seen < self.idle_timeout:
@@ -206,12 +228,16 @@ class RecordProcessor:
             cached = self._cache.get(state_key)
             if cached is not None:
                 changes.extend(self._key_changes(state_key, cached, part))
+                if cached.engine.state.run is None and not cached.freed:
+                    self._resting[state_key] = None  # leaves memory once this is applied
         part.dirty.clear()
         return changes
 
     def drop_deleted_keys(self) -> None:
         """The last commit's changes are applied to the stores: forget the keys it
-        deleted (unless a record has used them since)."""
+        deleted, and let the keys with no run open leave memory (the store holds
+        them: their phase, replay guard and index) — unless a record has used them
+        since. Memory follows the open runs."""
         for state_key in self._deleted:
             cached = self._cache.get(state_key)
             if cached is not None and cached.freed:
@@ -220,6 +246,15 @@ class RecordProcessor:
                 if part is not None:
                     part.keys.pop(state_key, None)
         self._deleted.clear()
+        for state_key in self._resting:
+            cached = self._cache.get(state_key)
+            part = None if cached is None else self._partitions.get(cached.partition)
+            if (cached is not None and part is not None and not cached.freed
+                    and cached.engine.state.run is None and state_key not in part.dirty):
+                del self._cache[state_key]
+                part.keys.pop(state_key, None)
+                part.resting[state_key] = cached.last_seen
+        self._resting.clear()
 
     def forget(self) -> None:
         """Partitions moved: drop every cached key (the stored tables are the truth).
@@ -229,8 +264,10 @@ class RecordProcessor:
         self._cache.clear()
         self._partitions.clear()
         self._deleted.clear()
+        self._resting.clear()
         self._open_runs = 0
         self.metrics.open_runs.set(0)
+        self._tenants.clear()
 
     # --- internals -------------------------------------------------------------------
 
@@ -255,16 +292,18 @@ class RecordProcessor:
             return cached
         cached = self._load(state_key, partition, now, record, out)
         self._cache[state_key] = cached
-        self._part(partition).keys[state_key] = None
+        part = self._part(partition)
+        part.keys[state_key] = None
+        part.resting.pop(state_key, None)
         if cached.engine.state.run is not None:
-            self._count_open(+1)
+            self._count_open(state_key, partition, +1)
         return cached
 
     def _load(self, state_key: bytes, partition: int, now: float, record: Incoming | None,
               out: list[Outgoing]) -> CachedKey:
         value = self.stored.states.get(state_key)
         if value is None and chunk_key(state_key, 0) not in self.stored.texts:
-            return CachedKey.empty(partition, now)
+            return CachedKey.empty(partition, now, limits=self.limits)
         parts = 0
         try:
             entry = None
@@ -278,12 +317,12 @@ class RecordProcessor:
             legacy = None if value is None else decode_legacy_state(value)
             if legacy is not None and legacy.run is None:
                 # Written before write-behind, no run open: rewritten, nothing lost.
-                cached = CachedKey.empty(partition, now, legacy.phase)
+                cached = CachedKey.empty(partition, now, legacy.phase, self.limits)
             else:
                 # One dead letter for the key's lost run; it is freed and goes on empty.
                 _log_contained(error, "stored state of a key could not be read; its run"
                                " was failed and its state freed", record)
-                cached = CachedKey.empty(partition, now, Phase.FAILED)
+                cached = CachedKey.empty(partition, now, Phase.FAILED, self.limits)
                 if record is not None:
                     tenant = split_state_key(state_key)[0]
                     out += self.builder.outputs_for_exception(record, tenant, None)
@@ -294,7 +333,8 @@ class RecordProcessor:
             cached.entry_chunks = None if value is None else _UNKNOWN_COUNT
             self._part(partition).dirty[state_key] = None
             return cached
-        return CachedKey(KeyEngine(restored.stored.state, text), text, partition, now,
+        return CachedKey(KeyEngine(restored.stored.state, text, self.limits), text, partition,
+                         now,
                          applied=restored.applied, chunks=restored.chunks,
                          stored_chunks=restored.stored_chunks,
                          persisted_state=restored.value, stored_parts=parts,
@@ -331,17 +371,18 @@ class RecordProcessor:
         self._part(cached.partition).dirty[state_key] = None
         is_open = cached.engine.state.run is not None
         if is_open != was_open:
-            self._count_open(1 if is_open else -1)
+            self._count_open(state_key, cached.partition, 1 if is_open else -1)
 
     def _free(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         cached.freed = True
         self._part(cached.partition).dirty[state_key] = None
         if was_open:
-            self._count_open(-1)
+            self._count_open(state_key, cached.partition, -1)
 
-    def _count_open(self, delta: int) -> None:
+    def _count_open(self, state_key: bytes, partition: int, delta: int) -> None:
         self._open_runs += delta
         self.metrics.open_runs.set(self._open_runs)
+        self._tenants.count(partition, split_state_key(state_key)[0], delta)
 
     def _key_changes(self, state_key: bytes, cached: CachedKey,
                      part: _Partition) -> Iterator[StateChange]:
@@ -419,16 +460,28 @@ class RecordProcessor:
         if not part.scanned:
             part.scanned = True
             for state_key in self._stored_keys_of(partition):
-                if state_key in self._cache:
-                    continue
-                source = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
-                                  split_state_key(state_key)[1], b"", [])
-                try:
-                    self._cached(state_key, partition, now, source, out)
-                except Exception as error:
-                    out.extend(self._contain(error, state_key, source,
-                                             split_state_key(state_key)[0], now))
+                if state_key in self._cache or state_key in part.resting:
+                    continue  # known already, with when it was last seen
+                cached = self._load_for_sweep(state_key, partition, now, tick, out)
+                if (cached is not None and cached.engine.state.run is None
+                        and state_key not in part.dirty):
+                    del self._cache[state_key]  # at rest: known, not held
+                    part.keys.pop(state_key, None)
+                    part.resting[state_key] = now
         return list(part.keys)
+
+    def _load_for_sweep(self, state_key: bytes, partition: int, last_seen: float,
+                        tick: Incoming, out: list[Outgoing]) -> CachedKey | None:
+        """A stored key, loaded for the sweep (which the tick triggered): a key whose
+        stored state cannot be read gets its dead letter, with the tick as source."""
+        source = Incoming(tick.topic, tick.partition, tick.offset, tick.timestamp,
+                          split_state_key(state_key)[1], b"", [])
+        try:
+            return self._cached(state_key, partition, last_seen, source, out)
+        except Exception as error:
+            out.extend(self._contain(error, state_key, source,
+                                     split_state_key(state_key)[0], last_seen))
+            return None
 
     def _stored_keys_of(self, partition: int) -> list[bytes]:
         """The keys stored for the partition: those with a state entry, and those whose
@@ -464,11 +517,11 @@ class RecordProcessor:
                 active = old.engine.state.run
                 run = RunIdentity(active.thread_id, active.run_id)
             if old is not None and old.engine.state.run is not None:
-                self._count_open(-1)
+                self._count_open(state_key, old.partition, -1)
                 # Every encrypted value the failed run held is lost, as in any failure.
                 self.builder.count_lost(LossReason.RUN_FAILED,
                                         held_encrypted_values(old.engine.state.run))
-            fresh = CachedKey.empty(record.partition, now, Phase.FAILED)
+            fresh = CachedKey.empty(record.partition, now, Phase.FAILED, self.limits)
             fresh.applied = Applied(record.topic, record.offset)
             # Whatever the key had stored is deleted at the next changes().
             if old is None:

@@ -28,6 +28,7 @@ from typing import Any, cast
 import faust
 
 from processors.config import Settings
+from processors.engine.limits import RunLimits
 from processors.metrics import Metrics
 from processors.processing.outputs import OutputBuilder
 from processors.processing.record_processor import RecordProcessor, StoredTables
@@ -123,7 +124,10 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     processor = RecordProcessor(
         builder, metrics, StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
         tenant_header=settings.tenant_header, default_tenant=settings.default_tenant,
-        idle_timeout=settings.idle_timeout_seconds)
+        idle_timeout=settings.idle_timeout_seconds,
+        limits=RunLimits(settings.run_max_events, settings.run_max_content_chars,
+                         settings.run_max_items),
+        tenant_open_runs=settings.tenant_max_open_runs)
     view = ThreadView(tables[VIEW_TABLE], partitions=settings.partitions,
                       retention_seconds=settings.view_retention_seconds)
     serve_thread_view(app, settings, metrics, view, tokens)

@@ -49,6 +49,12 @@ NOT_IN_CORPUS = {
     LossReason.RUN_ABANDONED,
     WarningCode.NOT_STORABLE,  # the service's history sink refusing a record
     LossReason.NOT_STORABLE,
+    # Limits of a deployment, far above any case (tests/processing/test_bounds.py),
+    # and the tenant limit, which needs more keys than a case's one.
+    FailureCode.RUN_EVENT_LIMIT,
+    FailureCode.RUN_CONTENT_LIMIT,
+    FailureCode.RUN_ITEM_LIMIT,
+    FailureCode.TENANT_OPEN_RUN_LIMIT,
 }
 
 

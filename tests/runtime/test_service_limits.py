@@ -11,8 +11,9 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.engine_helpers import run_finished, run_started, text
+from tests.engine_helpers import run_finished, run_started, t_content, t_end, t_start, text
 from tests.service_harness import AGUI_STREAM, Namespace, TopicReader, Worker, create_topic, produce
+from topics.partitioning import default_partition
 
 pytestmark = pytest.mark.kafka
 
@@ -91,3 +92,32 @@ def test_a_topic_with_another_partition_count_is_refused_at_start(kafka_bootstra
     assert result.returncode == 2
     assert (f"agui-stream: configuration error: topic {namespace.history} has"
             f" {namespace.partitions // 2} partitions") in result.stderr
+
+
+def test_a_run_past_its_limit_and_a_tenants_flood_fail_and_the_others_go_on(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    worker = Worker(namespace, tmp_path, AGUI_RUN_MAX_CONTENT_CHARS="1000",
+                    AGUI_TENANT_MAX_OPEN_RUNS="2").start()
+    # Keys of one input partition: the tenant limit counts per partition.
+    keys = [key for key in (f"flood-{n}".encode() for n in range(200))
+            if default_partition(key, namespace.partitions) == 0][:3]
+    flood = [(key, orjson.dumps(run_started(key.decode())), [("tenant", b"flood")])
+             for key in keys]
+    huge = [(b"huge", orjson.dumps(event), []) for event in [
+        run_started("huge"), t_start("m"), *(t_content("m", "x" * 300) for _ in range(5)),
+        t_end("m"), run_finished("huge")]]
+    try:
+        produce(kafka_bootstrap, namespace.events, [*flood, *huge, *a_run("fine")])
+        history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
+            lambda records: sum(r.value["kind"] == "run" for r in records) >= 3, 90,
+            "the closing records of the refused, the huge and the fine run", worker.log_tail)
+        metrics = worker.metrics()
+    finally:
+        worker.stop()
+    closing = {r.value["runId"]: (r.value["outcome"], r.value.get("failure", {}).get("code"))
+               for r in history if r.value["kind"] == "run"}
+    assert closing == {keys[2].decode(): ("failed", "tenant_open_run_limit"),
+                       "huge": ("failed", "run_content_limit"), "fine": ("success", None)}
+    assert 'agui_tenant_open_runs{tenant="flood"} 2.0' in metrics
