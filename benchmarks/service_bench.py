@@ -832,8 +832,9 @@ def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: 
                 open_runs: int, seed: int) -> dict[str, Any]:
     print(f"\n== 3. memory per open run, idle ({open_runs:,} runs that never finish) ==")
     rng = random.Random(seed)
+    # One tenant holds them all: no tenant limit (a version without one ignores it).
     ns, worker = bench_worker(bootstrap, log_dir, workers, prefixes, "memory",
-                              AGUI_STORE="memory://")
+                              AGUI_STORE="memory://", AGUI_TENANT_MAX_OPEN_RUNS="0")
     try:
         assert worker.process is not None
         pid = worker.process.pid
@@ -868,7 +869,8 @@ def part_memory(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: 
         after = settle_rss(pid, 6.0)
         print(f"  after {open_runs:,} more keys whose runs concluded  {after / 2**20:8.1f} MiB")
         print(f"  memory per concluded key                {(after - loaded) / open_runs:8,.0f}"
-              f" B  (RSS difference / keys; their stored state {concluded:,.0f} B each)")
+              f" B  (RSS difference / keys, each with its thread in the view; their stored"
+              f" state {concluded:,.0f} B each)")
         return {"idle": idle, "loaded": loaded, "per_run": per_run,
                 "serialized": (state_bytes + text_bytes) / open_runs,
                 "state": state_bytes / max(1, len(states)),

@@ -1,9 +1,11 @@
 """A worker under a memory limit, fed for minutes with what hurts a shared worker.
 
     .venv/bin/python benchmarks/soak.py [--minutes M] [--rate R] [--limit-mib L]
+                                        [--store rocksdb://|memory://]
 
 Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` if set, else starts the local KRaft
-broker. One worker (``memory://``, 4 partitions) runs under ``prlimit --as`` (its
+broker. One worker (``--store``, default ``rocksdb://`` as in production; 4
+partitions) runs under ``prlimit --as`` (its
 address space capped at ``--limit-mib``, default 3 GiB) with small limits:
 ``AGUI_RUN_MAX_CONTENT_CHARS`` 200,000, ``AGUI_TENANT_MAX_OPEN_RUNS`` 150 (per
 partition) and an idle timeout of 60 s. For ``--minutes`` (default 10) it is fed, at
@@ -17,7 +19,9 @@ about ``--rate`` records per second (default 2,000):
 * a flood from one tenant (``flood``: runs that never end, ten times the rate of
   the others), which its open-run limit stops.
 
-Every 5 s it samples the worker's RSS (VmRSS) and open runs. At the end it waits for
+Every 5 s it samples the worker's RSS (VmRSS), its open runs and the threads its
+view holds (every run makes or touches a thread, kept for the view's retention:
+with ``memory://`` the view's table is in memory too). At the end it waits for
 every normal run's closing record and checks each published whole; it prints RSS
 minute by minute (min, max) and what each kind of run became. The worker must not
 exit (one start) and its RSS must level off, not grow with the runs sent.
@@ -51,6 +55,7 @@ from tests.service_harness import Namespace, TopicReader, Worker, wait_for  # no
 
 NORMAL_TENANTS = ("acme", "globex", "initech", "umbrella")
 _OPEN = re.compile(r"^agui_open_runs (\S+)$", re.M)
+_THREADS = re.compile(r"^agui_view_threads (\S+)$", re.M)
 
 
 def dumps(event: dict[str, Any]) -> bytes:
@@ -58,12 +63,12 @@ def dumps(event: dict[str, Any]) -> bytes:
 
 
 class Sampler(threading.Thread):
-    """RSS and open runs of the worker every 5 s."""
+    """RSS, open runs and view threads of the worker every 5 s."""
 
     def __init__(self, worker: Worker) -> None:
         super().__init__(daemon=True)
         self.worker = worker
-        self.samples: list[tuple[float, int, float]] = []
+        self.samples: list[tuple[float, int, float, float]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -72,11 +77,16 @@ class Sampler(threading.Thread):
             assert self.worker.process is not None
             try:
                 rss = rss_bytes(self.worker.process.pid)
-                found = _OPEN.search(self.worker.metrics())
+                scraped = self.worker.metrics()
             except (OSError, RuntimeError):
                 continue
-            self.samples.append((time.monotonic() - started, rss,
-                                 float(found.group(1)) if found else -1.0))
+            self.samples.append((time.monotonic() - started, rss, gauge(_OPEN, scraped),
+                                 gauge(_THREADS, scraped)))
+
+
+def gauge(pattern: re.Pattern[str], scraped: str) -> float:
+    found = pattern.search(scraped)
+    return float(found.group(1)) if found else -1.0
 
 
 async def feed(bootstrap: str, topic: str, minutes: float, rate: float,
@@ -138,6 +148,7 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=2_000.0)
     parser.add_argument("--limit-mib", type=int, default=3072)
+    parser.add_argument("--store", default="rocksdb://", choices=["rocksdb://", "memory://"])
     args = parser.parse_args()
     prlimit = shutil.which("prlimit")
     wrapper = (prlimit, f"--as={args.limit_mib * 1024 * 1024}") if prlimit else ()
@@ -146,7 +157,7 @@ def main() -> int:
     with broker() as bootstrap, tempfile.TemporaryDirectory() as scratch:
         namespace = Namespace(bootstrap)
         namespace.create_topics()
-        worker = Worker(namespace, Path(scratch), wrapper=wrapper, AGUI_STORE="memory://",
+        worker = Worker(namespace, Path(scratch), wrapper=wrapper, AGUI_STORE=args.store,
                         AGUI_RUN_MAX_CONTENT_CHARS="200000", AGUI_TENANT_MAX_OPEN_RUNS="150",
                         AGUI_IDLE_TIMEOUT_SECONDS="60").start()
         sampler = Sampler(worker)
@@ -191,14 +202,15 @@ def main() -> int:
         print(f"  {tenant:9} {ending:24} {count}")
     codes = Counter(r.value["code"] for r in deadletters.records)
     print("dead letters: " + ", ".join(f"{code} {n}" for code, n in codes.most_common()))
-    print("RSS of the worker, minute by minute (MiB, min-max), open runs at the minute's end:")
-    by_minute: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for at, rss, open_runs in sampler.samples:
-        by_minute[int(at // 60)].append((rss, open_runs))
+    print(f"RSS of the worker ({args.store}), minute by minute (MiB, min-max); open runs"
+          " and view threads at the minute's end:")
+    by_minute: dict[int, list[tuple[int, float, float]]] = defaultdict(list)
+    for at, rss, open_runs, threads in sampler.samples:
+        by_minute[int(at // 60)].append((rss, open_runs, threads))
     for minute, samples in sorted(by_minute.items()):
-        sizes = [rss for rss, _ in samples]
+        sizes = [rss for rss, _, _ in samples]
         print(f"  minute {minute:2}: {min(sizes) / 2**20:7.1f} - {max(sizes) / 2**20:7.1f}"
-              f"   open runs {samples[-1][1]:.0f}")
+              f"   open runs {samples[-1][1]:6.0f}   view threads {samples[-1][2]:8.0f}")
     return 0 if alive and worker.starts == 1 and whole == len(expected) else 1
 
 

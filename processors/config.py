@@ -49,10 +49,12 @@ DOCUMENTED: Final = (
      " (run_content_limit)"),
     ("AGUI_RUN_MAX_ITEMS", "10000", "messages, tool calls and open spans, steps and subagents"
      " one run may hold; past it the run fails (run_item_limit)"),
-    ("AGUI_TENANT_MAX_OPEN_RUNS", "2000", "runs one tenant may have open in one input"
+    ("AGUI_TENANT_MAX_OPEN_RUNS", "5000", "runs one tenant may have open in one input"
      " partition; a run past it fails (tenant_open_run_limit); 0: no limit"),
     ("AGUI_STORE", "rocksdb://", "table store: rocksdb:// (production) or memory://"),
     ("AGUI_DATA_DIR", "/var/lib/agui-stream", "where RocksDB state lives"),
+    ("AGUI_ROCKSDB_MEMORY_MIB", "16", "memory RocksDB may use per table and partition a"
+     " worker owns (half block cache, half write buffers; three tables)"),
     ("AGUI_PROCESSING_GUARANTEE", "exactly_once", "exactly_once or at_least_once"),
     ("AGUI_GROUP_INSTANCE_ID", "", "static group membership id (e.g. the pod name): a restart"
      " takes its partitions back at once"),
@@ -101,6 +103,7 @@ class Settings:
     tenant_max_open_runs: int
     store: str
     data_dir: str
+    rocksdb_memory_mib: int
     processing_guarantee: str
     group_instance_id: str | None
     session_timeout_seconds: float
@@ -203,6 +206,8 @@ class Settings:
                                           get("AGUI_TENANT_MAX_OPEN_RUNS"), 0, 100_000_000),
             store=store,
             data_dir=_non_empty("AGUI_DATA_DIR", get("AGUI_DATA_DIR")),
+            rocksdb_memory_mib=_integer("AGUI_ROCKSDB_MEMORY_MIB",
+                                        get("AGUI_ROCKSDB_MEMORY_MIB"), 4, 65_536),
             processing_guarantee=_choice("AGUI_PROCESSING_GUARANTEE",
                                          get("AGUI_PROCESSING_GUARANTEE").lower(), GUARANTEES),
             group_instance_id=optional("AGUI_GROUP_INSTANCE_ID"),

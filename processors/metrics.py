@@ -68,6 +68,10 @@ class Metrics:
         self.open_runs = Gauge(
             "agui_open_runs", "Runs started and not yet concluded on this worker.", registry=r
         )
+        self.open_run_content = Gauge(
+            "agui_open_run_content_chars",
+            "Characters of text and tool-call arguments the open runs on this worker have"
+            " streamed, held until each concludes (about 2 bytes of memory each).", registry=r)
         self.consumer_lag = Gauge(
             "agui_consumer_lag_records",
             "Records behind the end of each assigned raw-topic partition.",

@@ -306,6 +306,11 @@ class KeyEngine:
         out = self._out
         return _step(event_type, out) if out else rule.quiet
 
+    @property
+    def content_chars(self) -> int:
+        """Characters of streamed text and arguments the active run holds."""
+        return self._chars
+
     def _check_limits(self, run: RunState) -> None:
         """Past one of the run's limits, the run fails (processors.engine.limits)."""
         limits = self._limits

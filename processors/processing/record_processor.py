@@ -60,6 +60,8 @@ log = logging.getLogger("agui_stream")
 # The chunk count of a stored state entry that could not be read: above every chunk
 # number, so no chunk carries a state until the entry is rewritten.
 _UNKNOWN_COUNT = 1 << 32
+# How much of a tenant or run key a log line quotes.
+_LOGGED_NAME_CHARS = 200
 
 
 class StoredTables:
@@ -152,6 +154,10 @@ class RecordProcessor:
         self._resting: dict[bytes, None] = {}  # keys at rest in changes() not yet applied
         self._open_runs = 0
         self._tenants = TenantTally(metrics)
+        # Summed when scraped (on the event loop that runs the records): only open runs
+        # are cached for long, so this is a walk over the open runs.
+        metrics.open_run_content.set_function(
+            lambda: sum(cached.engine.content_chars for cached in self._cache.values()))
 
     # --- records -------------------------------------------------------------------
 
@@ -321,7 +327,7 @@ class RecordProcessor:
             else:
                 # One dead letter for the key's lost run; it is freed and goes on empty.
                 _log_contained(error, "stored state of a key could not be read; its run"
-                               " was failed and its state freed", record)
+                               " was failed and its state freed", record, state_key)
                 cached = CachedKey.empty(partition, now, Phase.FAILED, self.limits)
                 if record is not None:
                     tenant = split_state_key(state_key)[0]
@@ -509,7 +515,7 @@ class RecordProcessor:
     def _contain(self, error: Exception, state_key: bytes, record: Incoming, tenant: str,
                  now: float) -> list[Outgoing]:
         """The key's run fails; the key restarts empty. Never raises."""
-        _log_contained(error, "processing error; the run was failed", record)
+        _log_contained(error, "processing error; the run was failed", record, state_key)
         run: RunIdentity | None = None
         try:
             old = self._cache.pop(state_key, None)
@@ -539,18 +545,27 @@ class RecordProcessor:
             part.keys[state_key] = None
             part.dirty[state_key] = None
         except Exception as second:
-            _log_contained(second, "could not reset the key after a processing error", record)
+            _log_contained(second, "could not reset the key after a processing error", record,
+                           state_key)
         try:
             return self.builder.outputs_for_exception(record, tenant, run)
         except Exception as third:
             _log_contained(third, "could not build the dead letter of a processing error",
-                           record)
+                           record, state_key)
             return []
 
 
-def _log_contained(error: BaseException, what: str, record: Incoming | None) -> None:
-    where = ("" if record is None
-             else f" at {record.topic}[{record.partition}]@{record.offset}")
-    context = None if record is None else {
-        "topic": record.topic, "partition": record.partition, "offset": record.offset}
+def _log_contained(error: BaseException, what: str, record: Incoming | None,
+                   state_key: bytes) -> None:
+    """Where it happened: the record's coordinates, the tenant and the run key (names,
+    not content; quoted, and cut to `_LOGGED_NAME_CHARS`)."""
+    tenant, key = split_state_key(state_key)
+    names = {"tenant": tenant[:_LOGGED_NAME_CHARS],
+             "key": key[:_LOGGED_NAME_CHARS].decode("utf-8", "replace")}
+    context: dict[str, object] = dict(names) if record is None else {
+        "topic": record.topic, "partition": record.partition, "offset": record.offset,
+        **names}
+    where = ("" if record is None else f" at {record.topic}[{record.partition}]@{record.offset}"
+             ) + f", tenant {names['tenant']!r}, key {names['key']!r}"
     log_exception_kind(log, logging.ERROR, what, error, where, context)
+

@@ -92,6 +92,16 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
     )
 
 
+def rocksdb_options(memory_mib: int) -> dict[str, int]:
+    """Faust opens one RocksDB per table and partition with a 2 GiB block cache and
+    three 64 MiB write buffers each: a worker's memory would follow the writes of the
+    last flush, up to gigabytes per partition. Bounded: half block cache, half two
+    write buffers (docs/operations.md, *Sizing*)."""
+    budget = memory_mib * 2**20
+    return {"block_cache_size": budget // 2, "write_buffer_size": budget // 4,
+            "max_write_buffer_number": 2}
+
+
 def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None = None,
                topic_limits: dict[str, int] | None = None) -> AdaptedApp:
     """The Faust app with its tables, agents, sweep timer and web pages; `tokens` are
@@ -109,7 +119,8 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     tables = {
         name: WriteBehindTable(app, name=name, beacon=app.tables.beacon,
                                partitions=settings.partitions, key_type=bytes,
-                               value_type=bytes)
+                               value_type=bytes,
+                               options=rocksdb_options(settings.rocksdb_memory_mib))
         for name in TABLE_NAMES
     }
     for table in tables.values():

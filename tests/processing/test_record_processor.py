@@ -3,6 +3,7 @@ state, crashes between commits, containment and poison input."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Iterable
 from typing import Any
@@ -35,6 +36,7 @@ from processors.processing.stored_keys import (
     split_state,
     state_part_key,
 )
+from processors.safe_logging import JsonFormatter, TextFormatter
 from tests.engine_helpers import (
     enc,
     r_content,
@@ -848,3 +850,20 @@ def test_no_bytes_json_or_headers_make_it_raise(
             committed.commit(processor)
     processor.sweep(0, 1e9, tick())
     committed.commit(processor)
+
+
+def test_a_contained_error_is_logged_with_where_it_happened_as_json_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    committed = Committed()
+    state_key = state_key_for("acme", b"k1\nforged line")
+    committed.tables[STATE_TABLE][state_key] = (b"\x02\x00\x00\x00\x00" + b"\xff" * 8
+                                                + b"\x00\x00\x00\x00\x00\x00{")
+    with caplog.at_level(logging.ERROR):
+        committed.processor().sweep(0, 0.0, tick())
+    [record] = caplog.records
+    line = orjson.loads(JsonFormatter().format(record))
+    assert {key: line[key] for key in ("topic", "partition", "tenant", "key")} == {
+        "topic": "ticks", "partition": 0, "tenant": "acme", "key": "k1\nforged line"}
+    # A text line quotes the key: a newline in it cannot forge a log line.
+    assert "key 'k1\\nforged line'" in TextFormatter().format(record).splitlines()[0]

@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from processors.config import Settings
+from processors.metrics import Metrics
 from processors.runtime import faust_adaptations
-from processors.runtime.app import PARTITION_FETCH_BYTES, faust_app
+from processors.runtime.app import PARTITION_FETCH_BYTES, create_app, faust_app
 from processors.runtime.faust_adaptations import (
     AGENT_TURN_SECONDS,
     FETCH_MAX_WAIT_MS,
@@ -717,3 +718,19 @@ def test_faust_s_recovery_takes_a_changelog_record_every_few_loop_turns() -> Non
         return hooked
 
     assert asyncio.run(scenario()) < 4
+
+
+def test_each_rocksdb_table_uses_the_memory_it_is_given(tmp_path: Any) -> None:
+    """Faust's defaults: a 2 GiB block cache and three 64 MiB write buffers per table
+    and partition, which a worker's memory followed until each flush."""
+    configured = Settings.from_env({"AGUI_STORE": "rocksdb://",
+                                    "AGUI_DATA_DIR": str(tmp_path),
+                                    "AGUI_ROCKSDB_MEMORY_MIB": "16"})
+    app = create_app(configured, Metrics())
+    for table in app.tables.values():
+        store = table._new_store()
+        options = store.rocksdb_options
+        assert (options.block_cache_size, options.write_buffer_size,
+                options.max_write_buffer_number) == (8 * 2**20, 4 * 2**20, 2)
+        store._open_for_partition(0)  # RocksDB takes them
+        asyncio.run(store.stop())

@@ -94,30 +94,50 @@ def test_a_topic_with_another_partition_count_is_refused_at_start(kafka_bootstra
             f" {namespace.partitions // 2} partitions") in result.stderr
 
 
-def test_a_run_past_its_limit_and_a_tenants_flood_fail_and_the_others_go_on(
+def test_runs_past_each_limit_and_a_tenants_flood_fail_and_the_others_go_on(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     namespace = Namespace(kafka_bootstrap)
     namespace.create_topics()
-    worker = Worker(namespace, tmp_path, AGUI_RUN_MAX_CONTENT_CHARS="1000",
+    worker = Worker(namespace, tmp_path, AGUI_RUN_MAX_EVENTS="100",
+                    AGUI_RUN_MAX_CONTENT_CHARS="1000", AGUI_RUN_MAX_ITEMS="20",
                     AGUI_TENANT_MAX_OPEN_RUNS="2").start()
     # Keys of one input partition: the tenant limit counts per partition.
     keys = [key for key in (f"flood-{n}".encode() for n in range(200))
             if default_partition(key, namespace.partitions) == 0][:3]
     flood = [(key, orjson.dumps(run_started(key.decode())), [("tenant", b"flood")])
              for key in keys]
-    huge = [(b"huge", orjson.dumps(event), []) for event in [
-        run_started("huge"), t_start("m"), *(t_content("m", "x" * 300) for _ in range(5)),
-        t_end("m"), run_finished("huge")]]
+    past = {
+        "long": [run_started("long"), t_start("m"),
+                 *(t_content("m", "x") for _ in range(150)), t_end("m"), run_finished("long")],
+        "huge": [run_started("huge"), t_start("m"),
+                 *(t_content("m", "x" * 300) for _ in range(5)), t_end("m"),
+                 run_finished("huge")],
+        "wide": [run_started("wide"), *(e for n in range(25) for e in text(f"m{n}", "a")),
+                 run_finished("wide")],
+    }
     try:
-        produce(kafka_bootstrap, namespace.events, [*flood, *huge, *a_run("fine")])
+        produce(kafka_bootstrap, namespace.events, [
+            *flood, *a_run("before"),
+            *((run.encode(), orjson.dumps(event), []) for run, events in past.items()
+              for event in events),
+            *a_run("after")])
         history = TopicReader(kafka_bootstrap, namespace.history).wait_until(
-            lambda records: sum(r.value["kind"] == "run" for r in records) >= 3, 90,
-            "the closing records of the refused, the huge and the fine run", worker.log_tail)
+            lambda records: sum(r.value["kind"] == "run" for r in records) >= 6, 90,
+            "the closing records of the refused run, the runs past a limit, the others",
+            worker.log_tail)
         metrics = worker.metrics()
     finally:
         worker.stop()
     closing = {r.value["runId"]: (r.value["outcome"], r.value.get("failure", {}).get("code"))
                for r in history if r.value["kind"] == "run"}
     assert closing == {keys[2].decode(): ("failed", "tenant_open_run_limit"),
-                       "huge": ("failed", "run_content_limit"), "fine": ("success", None)}
+                       "long": ("failed", "run_event_limit"),
+                       "huge": ("failed", "run_content_limit"),
+                       "wide": ("failed", "run_item_limit"),
+                       "before": ("success", None), "after": ("success", None)}
+    published = {r.value["runId"] for r in history if r.value["kind"] == "message"}
+    assert published == {"before", "after"}  # whole, and nothing of the failed runs
+    # What the failed runs held is freed: only the two flood runs stay open.
+    assert "agui_open_runs 2.0" in metrics
     assert 'agui_tenant_open_runs{tenant="flood"} 2.0' in metrics
+    assert "agui_open_run_content_chars 0.0" in metrics
