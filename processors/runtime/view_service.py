@@ -24,6 +24,7 @@ from typing import Any, Final, cast
 import aiohttp
 import aiohttp.web
 from faust.types import TP
+from faust.web import View
 from yarl import URL
 
 from processors.config import Settings
@@ -45,6 +46,7 @@ from processors.view.thread_api import (
 )
 from processors.view.thread_view import ThreadView
 from topics.declarations import VIEW_TABLE
+from topics.records import HistoryErasure
 
 log = logging.getLogger("agui_stream")
 
@@ -72,9 +74,18 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         return bool(app.tables.actives_ready) and TP(history_topic, partition) in (
             app.consumer.assignment())
 
+    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+        """The erasure record, sent outside any transaction (like the idle ticks): the
+        view applies it as it reads the partition; its offset."""
+        value = HistoryErasure(tenant=tenant, threadId=thread_id,
+                               erasedAt=int(time.time() * 1000)).to_bytes()
+        delivery = await app.producer.send(history_topic, f"{tenant}/{thread_id}".encode(),
+                                           value, partition, None, None)
+        return int((await delivery).offset)
+
     api = ThreadApi(view, tokens, ReadProgress(settings.api_max_waiters,
                                                settings.api_max_waiters_per_tenant),
-                    ready=ready)
+                    ready=ready, eraser=erase)
     history = app.raw_topic(history_topic)
 
     async def view_recovered() -> None:
@@ -94,11 +105,12 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         await apply_each(stream, app, apply)
 
     async def answer(page: Any, request: Any, thread_id: str, name: str,
-                     route: Route) -> Any:
+                     route: Route, paged: bool = True) -> Any:
         started = time.perf_counter()
         response = INTERNAL
         try:
-            response = await _answer_or_forward(app, view, api, request, thread_id, route)
+            response = await _answer_or_forward(app, view, api, request, thread_id, route,
+                                                paged)
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not answer a thread API request",
                                error)
@@ -132,13 +144,17 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         return await answer(page, request, thread_id, "messages", api.messages)
 
     @app.page("/v1/threads/{thread_id}")
-    async def thread_runs(page: Any, request: Any, thread_id: str) -> Any:
-        return await answer(page, request, thread_id, "runs", api.runs)
+    class Thread(View):
+        async def get(self, request: Any, thread_id: str) -> Any:
+            return await answer(self, request, thread_id, "runs", api.runs)
+
+        async def delete(self, request: Any, thread_id: str) -> Any:
+            return await answer(self, request, thread_id, "delete", api.delete, paged=False)
 
     @app.page("/v1/threads/{thread_id}/runs/{run_id}")
     async def thread_run(page: Any, request: Any, thread_id: str, run_id: str) -> Any:
         return await answer(page, request, thread_id, "run",
-                            functools.partial(_run_route, api.run, run_id))
+                            functools.partial(_run_route, api.run, run_id), paged=False)
 
     return api
 
@@ -150,11 +166,12 @@ async def _run_route(route: Callable[..., Awaitable[ApiResponse]], run_id: str,
 
 
 async def _answer_or_forward(app: AdaptedApp, view: ThreadView, api: ThreadApi,
-                             request: Any, thread_id: str, route: Route) -> ApiResponse:
+                             request: Any, thread_id: str, route: Route,
+                             paged: bool) -> ApiResponse:
     """The answer of the worker that owns the thread's partition: this one's, or the
     owner's when another one owns it (a request not admitted is answered here)."""
     authorization = request.headers.get("Authorization")
-    tenant = api.tenant(authorization)
+    tenant = api.tenant(authorization, request.query, paged)
     if isinstance(tenant, ApiResponse):
         return tenant
     if request.headers.get(_FORWARDED) is None:
@@ -172,8 +189,9 @@ async def _forward(app: AdaptedApp, request: Any, owner: URL,
     url = request.url.with_scheme(owner.scheme).with_host(owner.host or "").with_port(
         owner.port)
     try:
-        async with app.http_client.get(
-                url, headers={"Authorization": authorization or "", _FORWARDED: "1"},
+        async with app.http_client.request(
+                request.method, url,
+                headers={"Authorization": authorization or "", _FORWARDED: "1"},
                 timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT)) as reply:
             body = await reply.json(content_type=None)
             if not isinstance(body, dict):

@@ -3,6 +3,7 @@
     GET /v1/threads/{threadId}/messages[?limit=&after=&before=&order=][&min_offset=][&run=]
     GET /v1/threads/{threadId}[?limit=&after=&before=&order=][&min_offset=][&run=]
     GET /v1/threads/{threadId}/runs/{runId}
+    DELETE /v1/threads/{threadId}
 
 `ThreadApi` turns a request (its Authorization header, the ids from the path,
 the query parameters) into an `ApiResponse` (status, headers, JSON body); the
@@ -47,7 +48,7 @@ import asyncio
 import enum
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -138,6 +139,8 @@ class ThreadReader(Protocol):
 
     def thread_offset(self, tenant: str, thread_id: str) -> int | None: ...
 
+    def read_offset(self, partition: int) -> int: ...
+
     def partition_for(self, tenant: str, thread_id: str) -> int: ...
 
     def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None: ...
@@ -213,6 +216,15 @@ def _ready_always(partition: int) -> bool:
     return True
 
 
+# Writes the erasure record of (tenant, threadId) to the history partition given, and
+# returns its offset.
+Eraser = Callable[[str, str, int], Awaitable[int]]
+
+
+async def _no_eraser(tenant: str, thread_id: str, partition: int) -> int:
+    raise RuntimeError("this API cannot erase threads")
+
+
 @dataclass(frozen=True, slots=True)
 class ThreadApi:
     """The routes over a view. `tokens` None: `AGUI_TOKENS_FILE` is not set and
@@ -223,13 +235,20 @@ class ThreadApi:
     progress: ReadProgress = field(default_factory=ReadProgress)
     max_wait: float = MAX_WAIT_SECONDS
     ready: Callable[[int], bool] = _ready_always
+    eraser: Eraser = _no_eraser
 
-    def tenant(self, authorization: str | None) -> str | ApiResponse:
-        """The caller's tenant, or the 401 refusing it."""
+    def tenant(self, authorization: str | None, query: Mapping[str, str],
+               paged: bool) -> str | ApiResponse:
+        """The caller's tenant, or the 401 refusing it, or the 400 refusing its
+        parameters (`paged`: the route takes pages, `run=` and `min_offset=`): what a
+        worker checks before it forwards a request, or answers it."""
         if self.tokens is None:
             return DISABLED
         tenant = self.tokens.tenant_for(authorization)
-        return UNAUTHORIZED if tenant is None else tenant
+        if tenant is None:
+            return UNAUTHORIZED
+        refusal = _parse(query, paged)
+        return refusal if isinstance(refusal, ApiResponse) else tenant
 
     async def messages(self, authorization: str | None, thread_id: str,
                        query: Mapping[str, str]) -> ApiResponse:
@@ -301,14 +320,40 @@ class ThreadApi:
         return ApiResponse(200, {"threadId": request.thread_id, "run": status.summary,
                                  "complete": status.complete, "historyOffset": offset})
 
+    async def delete(self, authorization: str | None, thread_id: str,
+                     query: Mapping[str, str]) -> ApiResponse:
+        """`DELETE /v1/threads/{threadId}`: an erasure record on the history topic, which
+        removes the thread from the view (every replica: the view's changelog) and tells
+        every other consumer to erase it too. 200 once the view has applied it, 202 if
+        not within the wait (it will)."""
+        request = await self._admit(authorization, thread_id, query, paged=False)
+        if isinstance(request, ApiResponse):
+            return request
+        try:
+            offset = await self.eraser(request.tenant, request.thread_id, request.partition)
+            applied = False
+            with self.progress.waiter(request.tenant) as admitted:
+                if admitted:  # else answered at once: the erasure is recorded all the same
+                    deadline = asyncio.get_running_loop().time() + self.max_wait
+                    applied = await self.progress.wait_until(
+                        request.partition,
+                        lambda: self.reader.read_offset(request.partition) >= offset, deadline)
+        except Exception as error:
+            log_exception_kind(log, logging.ERROR, "could not erase a thread", error)
+            return INTERNAL
+        return ApiResponse(200 if applied else 202, {
+            "threadId": request.thread_id, "erased": applied, "historyOffset": offset})
+
     async def _admit(self, authorization: str | None, thread_id: str,
                      query: Mapping[str, str], *, paged: bool) -> _Request | ApiResponse:
         """The request's tenant and parameters, once the view has read as far as it
         asks; or the answer refusing it."""
-        tenant = self.tenant(authorization)
+        tenant = self.tenant(authorization, query, paged)
         if isinstance(tenant, ApiResponse):
             return tenant
-        parsed = _parse(tenant, thread_id, query, paged)
+        if not thread_id:
+            return _THREAD_NOT_FOUND
+        parsed = _parse(query, paged)
         if isinstance(parsed, ApiResponse):
             return parsed
         try:
@@ -364,9 +409,9 @@ class ThreadApi:
         return True
 
 
-def _parse(tenant: str, thread_id: str, query: Mapping[str, str],
+def _parse(query: Mapping[str, str],
            paged: bool) -> tuple[Cursors, str | None, int | None] | ApiResponse:
-    """The query's cursors, run and min_offset, or the 400 (404 for no thread id)."""
+    """The query's cursors, run and min_offset, or the 400."""
     known = ("limit", "after", "before", "order", "min_offset", "run") if paged else ()
     unknown = sorted(set(query) - set(known))
     if unknown:
@@ -384,8 +429,6 @@ def _parse(tenant: str, thread_id: str, query: Mapping[str, str],
     min_offset = _integer(query.get("min_offset"), None)
     if "min_offset" in query and min_offset is None:
         return _bad("min_offset: a history offset (a non-negative integer) is required")
-    if not thread_id:
-        return _THREAD_NOT_FOUND
     cursors = Cursors(limit, query.get("after"), query.get("before"), order == "desc")
     return cursors, query.get("run"), min_offset
 

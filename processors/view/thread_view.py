@@ -70,7 +70,15 @@ from processors.processing.outputs import Incoming
 from processors.processing.record_processor import StateChange
 from processors.safe_logging import log_exception_kind
 from topics.declarations import VIEW_TABLE
-from topics.history_fold import Closing, Content, Fold, close_run, fold_content, read_record
+from topics.history_fold import (
+    Closing,
+    Content,
+    Erasure,
+    Fold,
+    close_run,
+    fold_content,
+    read_record,
+)
 from topics.partitioning import default_partition
 
 log = logging.getLogger("agui_stream")
@@ -113,6 +121,7 @@ class ViewCounts:
     # record after a late error): an at-least-once duplicate or a reprocessing.
     duplicates: int = 0
     expired_threads: int = 0  # removed by the retention
+    erased_threads: int = 0  # removed by an erasure record
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +287,9 @@ class ThreadView:
             parsed = _parse(record)
             if parsed is None:
                 self.counts.unusable += 1
+                return
+            if isinstance(parsed, Erasure):
+                self._erase(part, thread_key(parsed.tenant, parsed.thread_id))
                 return
             if parsed.thread_id is None:
                 self.counts.threadless += 1
@@ -574,6 +586,15 @@ class ThreadView:
             items.append(current(orjson.loads(value)))
         return Page(items if from_after_side else items[::-1], False)
 
+    def _erase(self, part: _Partition, thread: bytes) -> None:
+        """An erasure record: the thread's every entry goes (there may be none: erased
+        twice, expired, never seen)."""
+        header = self._header(thread)
+        if header is not None:
+            self._delete_thread(part, thread, header)
+        part.threads.pop(thread, None)
+        self.counts.erased_threads += 1
+
     def _part(self, partition: int) -> _Partition:
         part = self._partitions.get(partition)
         if part is None:
@@ -649,7 +670,7 @@ def _current(summary: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _parse(record: Incoming) -> Content | Closing | None:
+def _parse(record: Incoming) -> Content | Closing | Erasure | None:
     """The history record, if it is one the view can use (`read_record`), under the
     key of its tenant and thread."""
     try:

@@ -11,9 +11,16 @@ from typing import Any
 import pytest
 
 from processors.view.tenant_tokens import TenantTokens, token_line
-from processors.view.thread_api import MAX_PAGE, ApiResponse, ReadProgress, ThreadApi
+from processors.view.thread_api import (
+    MAX_PAGE,
+    ApiResponse,
+    Eraser,
+    ReadProgress,
+    ThreadApi,
+)
 from processors.view.thread_view import ThreadView
 from tests.view_helpers import History, assistant, feed, removed, user
+from topics.records import HistoryErasure
 
 ACME = "Bearer acme-token"
 GLOBEX = "Bearer globex-token"
@@ -262,3 +269,56 @@ def test_a_partition_that_moves_during_a_wait_is_503_not_an_answer() -> None:
         return await asyncio.wait_for(request, 1.0)
 
     assert asyncio.run(scenario()).body["code"] == "not_ready"
+
+
+# --- deleting a thread ----------------------------------------------------------------
+
+
+def eraser(view: ThreadView, history: History, applied: bool = True) -> Eraser:
+    """Writes the erasure record; the view applies it at once, or never."""
+    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+        record = history.record(f"{tenant}/{thread_id}".encode(), HistoryErasure(
+            tenant=tenant, threadId=thread_id, erasedAt=1).to_bytes())
+        if applied:
+            view.apply(record)
+        return record.offset
+
+    return erase
+
+
+def delete(api: ThreadApi, authorization: str = ACME, thread: str = "t1",
+           **query: str) -> ApiResponse:
+    return asyncio.run(api.delete(authorization, thread, query))
+
+
+def test_a_deleted_thread_is_gone_once_the_view_applies_its_erasure() -> None:
+    view, history = view_of(("t1", "r1", [user("m1")]), ("t2", "r2", [user("m2")]))
+    api = ThreadApi(view, TOKENS, eraser=eraser(view, history))
+    response = delete(api)
+    assert response.status == 200 and response.body["erased"] is True
+    assert response.body["historyOffset"] == view.read_offset(0)
+    assert ask(api).body["code"] == "thread_not_found"
+    assert ids(ask(api, thread="t2")) == ["m2"]  # the tenant's other thread stays
+    assert delete(api).body["code"] == "thread_not_found"  # gone: nothing to erase
+
+
+def test_an_erasure_not_applied_within_the_wait_is_accepted_202() -> None:
+    view, history = view_of(("t1", "r1", [user("m1")]))
+    api = ThreadApi(view, TOKENS, max_wait=0.05, eraser=eraser(view, history, False))
+    response = delete(api)
+    assert response.status == 202 and response.body["erased"] is False
+
+
+def test_only_the_tenant_s_own_thread_can_be_deleted() -> None:
+    view, _ = view_of(("t1", "r1", [user("m1")]))
+    erased: list[str] = []
+
+    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+        erased.append(tenant)
+        return 0
+
+    api = ThreadApi(view, TOKENS, eraser=erase)
+    assert delete(api, GLOBEX).body["code"] == "thread_not_found"
+    assert delete(api, "Bearer nope").status == 401
+    assert delete(api, limit="1").status == 400
+    assert erased == [] and ids(ask(api)) == ["m1"]
