@@ -7,6 +7,7 @@ ready to be a run's `RunAgentInput.messages`, and its runs.
     thread.messages, thread.complete, thread.incomplete, thread.run  # run: RunSummary
     thread.has_more, thread.last_id  # one page; fetch_thread_messages reads them all
     status = fetch_run("http://agui-stream:6066", token, "thread-1", "r1")
+    delete_thread("http://agui-stream:6066", token, "thread-1")  # the user's erasure
 
 Standard library HTTP (urllib) only. Errors name the status and the API's
 reason, never the token and never message content.
@@ -205,6 +206,17 @@ def fetch_thread_runs(base_url: str, token: str, thread_id: str, *, run: str | N
         run, min_offset = None, offset
 
 
+def delete_thread(base_url: str, token: str, thread_id: str, *,
+                  timeout: float = 15.0) -> bool:
+    """Erase the thread (`DELETE /v1/threads/{threadId}`): True once the view has
+    dropped it, False if the erasure is written but not applied yet (202)."""
+    body = _get(base_url, token, thread_id, "", (), timeout, method="DELETE")
+    erased = body.get("erased")
+    if not isinstance(erased, bool):
+        raise ThreadApiError("the answer is not an erasure's", 200)
+    return erased
+
+
 def _history_offset(body: dict[str, Any]) -> int:
     offset = body["historyOffset"]
     if type(offset) is not int:
@@ -213,15 +225,17 @@ def _history_offset(body: dict[str, Any]) -> int:
 
 
 def _get(base_url: str, token: str, thread_id: str, route: str,
-         parameters: tuple[tuple[str, object], ...], timeout: float) -> dict[str, Any]:
-    """The JSON object the API answered 200 with; else the error for its answer."""
+         parameters: tuple[tuple[str, object], ...], timeout: float,
+         method: str = "GET") -> dict[str, Any]:
+    """The JSON object the API answered 2xx with; else the error for its answer."""
     if urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
         raise ValueError("base_url must be an http:// or https:// URL")
     query = {name: str(value) for name, value in parameters if value is not None}
     url = (f"{base_url.rstrip('/')}/v1/threads/{urllib.parse.quote(thread_id, safe='')}"
            f"{route}{'?' + urllib.parse.urlencode(query) if query else ''}")
     request = urllib.request.Request(
-        url, headers={"Authorization": f"Bearer {token}", "Accept": "application/json"})
+        url, headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+        method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()

@@ -20,6 +20,7 @@ from processors.view.client import (
     ThreadApiUnreachable,
     ThreadNotFound,
     Unauthorized,
+    delete_thread,
     fetch_run,
     fetch_thread_messages,
     fetch_thread_runs,
@@ -29,6 +30,7 @@ from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import MAX_PAGE, ThreadApi
 from processors.view.thread_view import ThreadView
 from tests.view_helpers import History, assistant, feed, user
+from topics.records import HistoryErasure
 
 TOKEN = "acme-token"
 THREAD = "thread 1/ä?"  # quoted into one path segment
@@ -70,6 +72,16 @@ def serve(api: ThreadApi) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
+        def do_DELETE(self) -> None:
+            thread_id = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.split("/")[3])
+            response = asyncio.run(api.delete(self.headers.get("Authorization"), thread_id, {}))
+            body = response.json()
+            self.send_response(response.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, format: str, *args: object) -> None:
             pass
 
@@ -87,7 +99,14 @@ def base_url() -> Iterator[str]:
     feed(view, history.run("long", "r3", [user(f"m{n}") for n in range(MAX_PAGE + 5)]))
     feed(view, history.run("long", "r4", [], outcome="failed",
                            failure={"code": "orphan_event"}))
-    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2)
+    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+        record = history.record(f"{tenant}/{thread_id}".encode(), HistoryErasure(
+            tenant=tenant, threadId=thread_id, erasedAt=1).to_bytes())
+        view.apply(record)
+        return record.offset
+
+    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2,
+                    eraser=erase)
     server = ThreadingHTTPServer(("127.0.0.1", 0), serve(api))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -216,3 +235,11 @@ def test_a_server_that_never_answers_times_out() -> None:
 def test_only_http_urls_are_fetched() -> None:
     with pytest.raises(ValueError, match="http"):
         fetch_thread_messages("file:///etc/passwd", TOKEN, THREAD)
+
+
+def test_a_deleted_thread_is_not_found_afterwards(base_url: str) -> None:
+    assert delete_thread(base_url, TOKEN, "long") is True
+    with pytest.raises(ThreadNotFound):
+        fetch_thread_messages(base_url, TOKEN, "long")
+    with pytest.raises(ThreadNotFound):
+        delete_thread(base_url, TOKEN, "long")
