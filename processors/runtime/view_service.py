@@ -23,6 +23,7 @@ from typing import Any, Final, cast
 
 import aiohttp
 import aiohttp.web
+import orjson
 from faust.types import TP
 from faust.web import View
 from yarl import URL
@@ -33,6 +34,7 @@ from processors.processing.outputs import incoming_record
 from processors.runtime.faust_adaptations import AdaptedApp, apply_each
 from processors.runtime.web_server import HardenedWeb
 from processors.safe_logging import log_exception_kind
+from processors.view.openapi import openapi_document
 from processors.view.tenant_tokens import TenantTokens
 from processors.view.thread_api import (
     INTERNAL,
@@ -138,6 +140,12 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                                         content_type=_JSON)
 
     cast(HardenedWeb, app.web).web_app.middlewares.append(json_errors)
+
+    contract = orjson.dumps(openapi_document())
+
+    @app.page("/v1/openapi.json")
+    async def thread_api_contract(page: Any, request: Any) -> Any:
+        return page.bytes(contract, content_type=_JSON)
 
     @app.page("/v1/threads/{thread_id}/messages")
     async def thread_messages(page: Any, request: Any, thread_id: str) -> Any:

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 
+from processors.view.openapi import openapi_document
 from processors.view.tenant_tokens import token_line
 from tests.run_generator import GeneratedRun, generate_run
 from tests.service_harness import Namespace, TopicReader, Worker, produce, wait_for
@@ -204,6 +205,7 @@ def test_every_refusal_of_the_real_server_is_json_with_a_code_and_counted(
     assert _get(worker, "/v1/threads/t1/messages", method="DELETE")[0] == 405
     assert _get(worker, "/v1/threads/t1/messages", Authorization="Bearer x")[1]["code"] == (
         "unauthorized")
+    assert _get(worker, "/v1/openapi.json") == (200, openapi_document())
     metrics = worker.metrics()
     assert 'agui_api_request_seconds_count{route="messages",status="400"} 2.0' in metrics
     assert 'agui_api_request_seconds_count{route="other",status="404"} 1.0' in metrics
