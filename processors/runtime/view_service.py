@@ -98,9 +98,10 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
     app.tables[VIEW_TABLE].on_recover(view_recovered)
 
     def apply(event: Any) -> None:
-        view.apply(incoming_record(event.message))
+        thread = view.apply(incoming_record(event.message))
         event.ack()
-        api.progress.advanced(event.message.partition)
+        if thread is not None:
+            api.progress.advanced(thread)
 
     @app.agent(history, name="thread-view")
     async def maintain_thread_view(stream: Any) -> None:

@@ -26,7 +26,7 @@ closing record and all its content records): what an agent server that has
 just finished a run asks before the thread's next one. Every run that ends
 has a closing record (a failed or abandoned one too, with its failure code),
 so the wait ends with the run. One wait per request, at most `max_wait`
-seconds, woken only by its partition's progress (`ReadProgress`); at most
+seconds, woken only by records of its own thread (`ReadProgress`); at most
 `ReadProgress.max_waiters` requests wait at once, `max_waiters_per_tenant` of
 one tenant (429 beyond). A run whose closing record is not in the view after
 the wait, or a `min_offset` not reached, is 503 `wait_timeout`.
@@ -58,7 +58,7 @@ import orjson
 
 from processors.safe_logging import log_exception_kind
 from processors.view.tenant_tokens import TenantTokens
-from processors.view.thread_view import Cursors, Missing, Page, RunStatus
+from processors.view.thread_view import Cursors, Missing, Page, RunStatus, thread_key
 
 log = logging.getLogger("agui_stream")
 
@@ -147,20 +147,22 @@ class ThreadReader(Protocol):
 
 
 class ReadProgress:
-    """Wakes the requests waiting for the view to read further, per history
-    partition, and caps how many wait. Used on the event loop's thread only."""
+    """Wakes the requests waiting for the view to read further, per thread (what
+    `ThreadView.apply` says a record concerned: a waiter wakes only for its own
+    thread's records), and caps how many wait. Used on the event loop's thread only."""
 
     def __init__(self, max_waiters: int = MAX_WAITERS,
                  max_waiters_per_tenant: int = MAX_WAITERS_PER_TENANT) -> None:
         self.max_waiters = max_waiters
         self.max_waiters_per_tenant = max_waiters_per_tenant
-        self._advanced: dict[int, asyncio.Event] = {}  # only partitions someone waits on
+        self._advanced: dict[bytes, asyncio.Event] = {}  # only threads someone waits on
         self._waiting: Counter[str] = Counter()  # per tenant
-        self._waiting_on: Counter[int] = Counter()  # per partition
+        self._waiting_on: Counter[bytes] = Counter()  # per thread
 
-    def advanced(self, partition: int) -> None:
-        """The view applied records of `partition`: its waiters check again."""
-        event = self._advanced.pop(partition, None)
+    def advanced(self, thread: bytes) -> None:
+        """The view applied a record of `thread` (its `thread_key`): its waiters check
+        again."""
+        event = self._advanced.pop(thread, None)
         if event is not None:
             event.set()
 
@@ -182,13 +184,14 @@ class ReadProgress:
     def waiting(self) -> int:
         return self._waiting.total()
 
-    async def wait_until(self, partition: int, reached: Callable[[], bool],
+    async def wait_until(self, thread: bytes, reached: Callable[[], bool],
                          deadline: float) -> bool:
-        """Whether `reached()` became true by `deadline` (the loop's clock)."""
-        self._waiting_on[partition] += 1
+        """Whether `reached()` became true by `deadline` (the loop's clock), checked
+        again whenever a record of `thread` is applied."""
+        self._waiting_on[thread] += 1
         try:
             while not reached():
-                event = self._advanced.setdefault(partition, asyncio.Event())
+                event = self._advanced.setdefault(thread, asyncio.Event())
                 try:
                     async with asyncio.timeout_at(deadline):
                         await event.wait()
@@ -196,10 +199,10 @@ class ReadProgress:
                     return reached()
             return True
         finally:
-            self._waiting_on[partition] -= 1
-            if not self._waiting_on[partition]:  # nobody left to wake there
-                del self._waiting_on[partition]
-                self._advanced.pop(partition, None)
+            self._waiting_on[thread] -= 1
+            if not self._waiting_on[thread]:  # nobody left to wake there
+                del self._waiting_on[thread]
+                self._advanced.pop(thread, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +339,7 @@ class ThreadApi:
                 if admitted:  # else answered at once: the erasure is recorded all the same
                     deadline = asyncio.get_running_loop().time() + self.max_wait
                     applied = await self.progress.wait_until(
-                        request.partition,
+                        thread_key(request.tenant, request.thread_id),
                         lambda: self.reader.read_offset(request.partition) >= offset, deadline)
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not erase a thread", error)
@@ -380,8 +383,8 @@ class ThreadApi:
                 return retry_later(ErrorCode.TOO_MANY_WAITERS, "too many requests are"
                                    " waiting for the view; retry in a second", 1)
             deadline = asyncio.get_running_loop().time() + self.max_wait
-            await self.progress.wait_until(request.partition, lambda: self._reached(request),
-                                           deadline)
+            await self.progress.wait_until(thread_key(request.tenant, request.thread_id),
+                                           lambda: self._reached(request), deadline)
         if not self.ready(request.partition):
             return NOT_READY
         offset = self.reader.thread_offset(request.tenant, request.thread_id)

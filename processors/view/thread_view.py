@@ -275,28 +275,30 @@ class ThreadView:
 
     # --- records -------------------------------------------------------------------
 
-    def apply(self, record: Incoming) -> None:
-        """Apply one history record. Never raises."""
+    def apply(self, record: Incoming) -> bytes | None:
+        """Apply one history record; the key (`thread_key`) of the thread it concerned,
+        if any. Never raises."""
         try:
             part = self._part(record.partition)
             if record.offset <= part.read_offset:
                 self.counts.replayed += 1
-                return
+                return None
             part.read_offset = record.offset
             self._put(part, read_offset_key(record.partition), _OFFSET.pack(record.offset))
             parsed = _parse(record)
             if parsed is None:
                 self.counts.unusable += 1
-                return
+                return None
             if isinstance(parsed, Erasure):
-                self._erase(part, thread_key(parsed.tenant, parsed.thread_id))
-                return
+                thread = thread_key(parsed.tenant, parsed.thread_id)
+                self._erase(part, thread)
+                return thread
             if parsed.thread_id is None:
                 self.counts.threadless += 1
-                return
+                return None
             if parsed.run_id is None:  # every run with a thread has a run id
                 self.counts.unusable += 1
-                return
+                return None
             when = (int(self.clock() * 1000) if record.timestamp is None
                     else record.timestamp)
             outcome = self._apply(part, record, parsed, parsed.thread_id, parsed.run_id, when)
@@ -306,11 +308,13 @@ class ThreadView:
                 self.counts.duplicates += 1
             else:
                 self.counts.applied += 1
+            return thread_key(parsed.tenant, parsed.thread_id)
         except Exception as error:
             self.counts.unusable += 1
             log_exception_kind(log, logging.ERROR, "could not apply a history record to the"
                                " thread view; it was skipped", error,
                                f" at {record.topic}[{record.partition}]@{record.offset}")
+            return None
 
     def expire(self, partition: int, now: float) -> None:
         """Remove the partition's threads whose last record is older than the

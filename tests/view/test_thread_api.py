@@ -12,7 +12,14 @@ from ag_ui.core import RunAgentInput
 
 from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import ApiResponse, ReadProgress, ThreadApi
-from processors.view.thread_view import Cursors, Missing, Page, RunStatus, ThreadView
+from processors.view.thread_view import (
+    Cursors,
+    Missing,
+    Page,
+    RunStatus,
+    ThreadView,
+    thread_key,
+)
 from tests.view_helpers import History, assistant, continued, feed, user
 from topics.records import HistoryMessage, HistoryRun
 
@@ -26,6 +33,7 @@ REASONING = {"id": "m2", "role": "reasoning", "content": "step by step",
 TOOL_CALL = {"id": "m3", "role": "assistant", "toolCalls": [
     {"id": "c1", "type": "function",
      "function": {"name": "search", "arguments": "{\"q\": 1}"}, "encryptedValue": "zz"}]}
+T1 = thread_key("acme", "t1")
 TOOL_RESULT = {"id": "m4", "role": "tool", "toolCallId": "c1", "content": "found"}
 
 
@@ -190,7 +198,7 @@ def test_a_request_waits_until_the_view_reads_its_min_offset() -> None:
         records = history.run("t1", "r3", [user("m7")])
         for record in records:  # one wake per record, as the agent would
             feed(view, [record])
-            thread_api.progress.advanced(0)
+            thread_api.progress.advanced(T1)
             await asyncio.sleep(0)
         return await asyncio.wait_for(request, 1.0)  # woken, not timed out
 
@@ -212,7 +220,7 @@ def test_a_request_for_a_run_waits_for_its_closing_record() -> None:
             await asyncio.sleep(0)
             assert not request.done()  # not before the closing record
             feed(view, [record])
-            thread_api.progress.advanced(0)
+            thread_api.progress.advanced(T1)
         return await asyncio.wait_for(request, 1.0)
 
     response = asyncio.run(scenario())
@@ -238,7 +246,7 @@ def test_a_failed_run_ends_the_wait_at_its_closing_record() -> None:
         assert not request.done()
         feed(view, history.run("t1", "r3", [], outcome="failed",
                                failure={"code": "orphan_event"}))
-        thread_api.progress.advanced(0)
+        thread_api.progress.advanced(T1)
         return await asyncio.wait_for(request, 1.0)
 
     response = asyncio.run(scenario())
@@ -261,11 +269,11 @@ def test_a_run_waits_for_the_content_records_its_closing_record_counts() -> None
         request = asyncio.create_task(thread_api.messages(ACME, "t1", {"run": "r3"}))
         for record in (first, closing):
             feed(view, [record])
-            thread_api.progress.advanced(0)
+            thread_api.progress.advanced(T1)
             await asyncio.sleep(0)
             assert not request.done()
         feed(view, [last])
-        thread_api.progress.advanced(0)
+        thread_api.progress.advanced(T1)
         return await asyncio.wait_for(request, 1.0)
 
     response = asyncio.run(scenario())
@@ -298,20 +306,20 @@ def test_read_progress_wakes_every_waiter_and_only_when_reached() -> None:
         progress, offset = ReadProgress(), [0]
         deadline = asyncio.get_running_loop().time() + 30.0
         waiters = [asyncio.create_task(
-            progress.wait_until(0, lambda n=n: offset[0] >= n, deadline)) for n in (1, 2)]
+            progress.wait_until(T1, lambda n=n: offset[0] >= n, deadline)) for n in (1, 2)]
         await asyncio.sleep(0)
         offset[0] = 1
-        progress.advanced(0)
+        progress.advanced(T1)
         await asyncio.sleep(0)
         assert waiters[0].done() and not waiters[1].done()
         offset[0] = 2
-        progress.advanced(0)
+        progress.advanced(T1)
         return list(await asyncio.wait_for(asyncio.gather(*waiters), 1.0))
 
     assert asyncio.run(scenario()) == [True, True]
 
 
-def test_a_waiter_is_woken_only_by_its_own_partition() -> None:
+def test_a_waiter_is_woken_only_by_its_own_thread_s_records() -> None:
     async def scenario() -> int:
         progress, checks = ReadProgress(), [0]
 
@@ -320,17 +328,17 @@ def test_a_waiter_is_woken_only_by_its_own_partition() -> None:
             return False
 
         deadline = asyncio.get_running_loop().time() + 30.0
-        waiter = asyncio.create_task(progress.wait_until(1, reached, deadline))
+        waiter = asyncio.create_task(progress.wait_until(T1, reached, deadline))
         await asyncio.sleep(0)
-        for _ in range(100):  # another partition's progress
-            progress.advanced(0)
+        for _ in range(100):  # another thread's records, on the same partition or not
+            progress.advanced(thread_key("acme", "t2"))
             await asyncio.sleep(0)
-        progress.advanced(1)
+        progress.advanced(T1)
         await asyncio.sleep(0)
         waiter.cancel()
         return checks[0]
 
-    assert asyncio.run(scenario()) == 2  # once at first, once for its partition
+    assert asyncio.run(scenario()) == 2  # once at first, once for its thread
 
 
 class BrokenReader:

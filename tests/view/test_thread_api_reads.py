@@ -18,7 +18,7 @@ from processors.view.thread_api import (
     ReadProgress,
     ThreadApi,
 )
-from processors.view.thread_view import ThreadView
+from processors.view.thread_view import ThreadView, thread_key
 from tests.view_helpers import History, assistant, feed, removed, user
 from topics.records import HistoryErasure
 
@@ -186,7 +186,7 @@ def test_a_first_run_s_thread_is_waited_for() -> None:
         await asyncio.sleep(0.01)
         assert not request.done()
         feed(view, history.run("t2", "r5", [user("m5")]))
-        api.progress.advanced(0)
+        api.progress.advanced(thread_key("acme", "t2"))
         return await asyncio.wait_for(request, 1.0)
 
     assert ids(asyncio.run(scenario())) == ["m5"]
@@ -265,7 +265,7 @@ def test_a_partition_that_moves_during_a_wait_is_503_not_an_answer() -> None:
         await asyncio.sleep(0.01)
         ready[0] = False  # revoked: the view was forgotten
         feed(view, history.run("t1", "r2", [user("m2")]))
-        api.progress.advanced(0)
+        api.progress.advanced(thread_key("acme", "t1"))
         return await asyncio.wait_for(request, 1.0)
 
     assert asyncio.run(scenario()).body["code"] == "not_ready"
