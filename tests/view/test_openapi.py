@@ -13,6 +13,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
+from processors.view.client import RunSummary
 from processors.view.openapi import openapi_document
 from processors.view.thread_api import ApiResponse, ThreadApi
 from tests.view.test_thread_api_reads import (
@@ -78,3 +79,9 @@ def test_every_route_requires_a_bearer_token(path: str) -> None:
     assert DOCUMENT["security"] == [{"bearer": []}]
     for operation in DOCUMENT["paths"][path].values():
         assert "401" in operation["responses"]
+
+
+def test_the_client_reads_every_field_the_contract_gives_a_run() -> None:
+    contract = set(DOCUMENT["components"]["schemas"]["RunSummary"]["properties"])
+    client = {field.alias or name for name, field in RunSummary.model_fields.items()}
+    assert client == contract

@@ -664,3 +664,28 @@ def test_an_erasure_deletes_every_entry_of_its_thread_and_only_those() -> None:
     assert view.counts.erased_threads == 1
     feed(view, history.run("t1", "r3", [user("m4")]))  # later records start it afresh
     assert view.messages("acme", "t1") == [user("m4")]
+
+
+def test_what_was_read_mid_recovery_is_read_again_once_the_table_has_recovered() -> None:
+    """A partition's offset and the expiry index read while the table was still being
+    restored (the lag timer, a request) are stale; the worker calls `forget()` again
+    when the table's recovery ends (view_service, `on_recover`), and both are exact."""
+    written, history = Store(), History()
+    view = written.view()
+    feed(view, history.run("early", "r1", [user("m1")], at=T0))
+    feed(view, history.run("late", "r2", [user("m2")], at=T0))
+    written.commit(view)
+    # The new owner's table, half restored: only the first thread's entries so far.
+    restoring = Store()
+    restoring.data = {key: value for key, value in written.data.items()
+                      if thread_key("acme", "late") not in key and key[:1] != b"P"}
+    recovering = restoring.view()
+    recovering.forget()  # the partitions moved
+    assert recovering.read_offset(0) == NOTHING_READ  # stale, cached
+    assert recovering.threads_held([0]) == 1  # the expiry index, built once, stale
+    restoring.data = dict(written.data)  # recovery ends
+    recovering.forget()  # the table's recovery callback
+    assert recovering.read_offset(0) == view.read_offset(0)
+    assert recovering.threads_held([0]) == 2
+    recovering.expire(0, T0 / 1000 + RETENTION + 1)
+    assert recovering.counts.expired_threads == 2  # the late-restored thread expires too
