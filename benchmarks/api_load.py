@@ -20,7 +20,9 @@ backlog of N (``--events``, 200,000) events of interleaved runs
 
 The worker's rate is its ``agui_events_total`` per second between 30 % and 100 %
 of the backlog (the load is in place by 30 %), from its /metrics every 0.25 s.
-Printed: both rates and their ratio, the normal caller's answers (statuses, p99),
+Printed: both rates and their ratio, the worker's CPU per 1,000 events (the load
+generator shares the machine: the CPU says what the load costs the worker
+itself), the normal caller's answers (statuses, p99),
 the waiters' answers by status, and how long the slow connections were held.
 """
 
@@ -38,7 +40,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from service_bench import broker, delete_topics, log_problems, metric_value
+from service_bench import broker, cpu_seconds, delete_topics, log_problems, metric_value
 
 from processors.view.tenant_tokens import token_line
 from tests.run_generator import generate_run, interleaved_runs
@@ -123,9 +125,13 @@ async def normal_caller(port: int, stop: asyncio.Event, statuses: Counter[str],
         await asyncio.sleep(0.1)
 
 
-async def drive(worker: Worker, total: int, load: Load | None) -> tuple[float, Counter[str],
-                                                                       list[float]]:
-    """Until the backlog is processed: the worker's events/s from START_FRACTION of it."""
+async def drive(worker: Worker, total: int, load: Load | None
+                ) -> tuple[float, float, Counter[str], list[float]]:
+    """Until the backlog is processed: the worker's events/s from START_FRACTION of it,
+    and its CPU seconds per 1,000 events over the same span (what the load costs the
+    worker itself, whatever the load generator takes from the machine)."""
+    assert worker.process is not None
+    pid = worker.process.pid
     stop = asyncio.Event()
     statuses: Counter[str] = Counter()
     seconds: list[float] = []
@@ -133,15 +139,17 @@ async def drive(worker: Worker, total: int, load: Load | None) -> tuple[float, C
     if load is not None:
         load.stop = stop
         tasks.append(asyncio.create_task(load.run()))
-    mark: tuple[float, float] | None = None
+    mark: tuple[float, float, float] | None = None
     try:
         while True:
             events = metric_value(await asyncio.to_thread(worker.metrics), "agui_events_total")
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), cpu_seconds(pid)
             if mark is None and events >= total * START_FRACTION:
-                mark = (now, events)
+                mark = (now, events, cpu)
             if events >= total and mark is not None:
-                return (events - mark[1]) / (now - mark[0]), statuses, seconds
+                done = events - mark[1]
+                return (done / (now - mark[0]), (cpu - mark[2]) / done * 1000, statuses,
+                        seconds)
             await asyncio.sleep(0.25)
     finally:
         stop.set()
@@ -153,8 +161,8 @@ Record = tuple[bytes, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
 def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record], name: str,
                load_args: tuple[int, int] | None,
-               prefixes: list[str]) -> float:
-    """One worker's round; its events/s."""
+               prefixes: list[str]) -> tuple[float, float]:
+    """One worker's round; its events/s and CPU seconds per 1,000 events."""
     ns = Namespace(bootstrap)
     prefixes.append(ns.prefix)
     ns.create_topics()
@@ -166,12 +174,13 @@ def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record]
         wait_for(lambda: all(_answers(worker, tenant) for tenant in TENANTS), 120,
                  "every tenant's thread in the view", worker.log_tail)
         load = None if load_args is None else Load(worker.port, *load_args)
-        rate, statuses, seconds = asyncio.run(drive(worker, len(records), load))
+        rate, cpu, statuses, seconds = asyncio.run(drive(worker, len(records), load))
     finally:
         worker.stop()
     seconds.sort()
     p99 = seconds[int(len(seconds) * 0.99)] if seconds else float("nan")
-    print(f"  {name:7} {rate:>9,.0f} events/s   normal caller: {dict(statuses)},"
+    print(f"  {name:7} {rate:>9,.0f} events/s, worker CPU {cpu * 1000:,.0f} ms per 1,000"
+          f" events   normal caller: {dict(statuses)},"
           f" p99 {p99 * 1000:.0f} ms")
     if load is not None:
         held = sorted(load.held_seconds)
@@ -179,7 +188,7 @@ def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record]
         print(f"          slow connections closed: {len(held):,}, held p50"
               f" {held[len(held) // 2] if held else float('nan'):.1f} s, max"
               f" {held[-1] if held else float('nan'):.1f} s")
-    return rate
+    return rate, cpu
 
 
 def _answers(worker: Worker, tenant: str) -> bool:
@@ -222,7 +231,9 @@ def main(argv: Iterable[str] | None = None) -> int:
                                           load_args, prefixes)
                          for name, load_args in (order if round_number % 2 == 0
                                                  else order[::-1])}
-                print(f"  loaded / quiet: {rates['loaded'] / rates['quiet']:.3f}")
+                (quiet, quiet_cpu), (loaded, loaded_cpu) = rates["quiet"], rates["loaded"]
+                print(f"  loaded / quiet: events/s {loaded / quiet:.3f}, worker CPU per event"
+                      f" {loaded_cpu / quiet_cpu:.3f}")
         finally:
             delete_topics(bootstrap, prefixes)
     print("worker logs:", *(log_problems(log_dir) or ["no error lines"]), sep="\n  ")
