@@ -57,7 +57,7 @@ class Load:
         self.port = port
         self.waiters, self.slow = waiters, slow
         self.waiter_answers: Counter[str] = Counter()
-        self.held_seconds: list[float] = []  # slow connections: connect to close
+        self.held_seconds: list[float] = []  # slow connections: connected to closed
         self.stop = asyncio.Event()
 
     async def run(self) -> None:
@@ -85,9 +85,9 @@ class Load:
 
     async def _slow(self) -> None:
         while True:
-            started = time.monotonic()
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                started = time.monotonic()  # accepted: the request timeout's clock
                 writer.write(b"GET /v1/thr")
                 await reader.read()  # until the worker closes it
                 self.held_seconds.append(time.monotonic() - started)

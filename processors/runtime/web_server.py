@@ -34,6 +34,9 @@ from processors.view.thread_api import ErrorCode, api_error
 REQUEST_TIMEOUT_SECONDS: Final = 10.0
 MAX_LINE_BYTES: Final = 8190  # aiohttp's default request line and header field size
 MAX_HEADERS: Final = 64
+# Connections the kernel queues before they are accepted (asyncio's default, 100,
+# dropped a burst of callers' handshakes, which then retried seconds later).
+_BACKLOG: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,8 @@ class HardenedWeb(Web):
             return server()
 
         self._listener = await asyncio.get_running_loop().create_server(
-            protocol, self.limits.bind, self.limits.port, reuse_address=True)
+            protocol, self.limits.bind, self.limits.port, reuse_address=True,
+            backlog=_BACKLOG)
 
     async def stop_server(self) -> None:
         if self._listener is not None:
