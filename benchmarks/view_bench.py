@@ -20,8 +20,10 @@ event.
    built from runs on one thread key, are produced; once each thread's last
    run is in the view (``?run=<runId>``), R (``--requests``, 200) rounds, after
    a warm-up, each ``GET /healthz`` (the baseline: a trivial route of the same
-   server) and ``GET /v1/threads/{id}/messages`` for every size, in turn, on one
-   keep-alive HTTP connection: p50/p99 per route.
+   server) and ``GET /v1/threads/{id}/messages`` for every size, and for the
+   largest size its first and its newest page of 100 (``limit=100``, with
+   ``order=desc``), in turn, on one keep-alive HTTP connection: p50/p99 per
+   route.
 2. **State bytes per message.** The worker's ``thread-view`` changelog, read
    ``read_committed`` and kept latest per key (compaction), once it holds every
    message of part 1: key+value bytes per message held, by entry kind (H, M,
@@ -32,10 +34,8 @@ event.
    first; a fresh worker then processes them flat out. Every 0.5 s: its
    /metrics (``agui_events_total``, the sum of ``agui_consumer_lag_records``,
    the max of ``agui_view_lag_records``; both gauges are set by the worker every
-   10 s) and, measured directly, the view's lag: per history partition, its
-   last stable offset - 1 - the ``historyOffset`` the API answers for a thread
-   of that partition (the metric's definition: 1 when caught up, says
-   docs/thread-view.md; after a burst both settled at 3-4 here). For the 8
+   10 s). (``historyOffset`` is a thread's own offset, not its partition's, so
+   the API no longer tells the partition's lag.) For the 8
    threads whose runs end last, the time from their last run's closing record
    becoming visible to a ``read_committed`` consumer until the API answers
    ``?run=`` for it. Also the worker's events/s and CPU.
@@ -73,7 +73,6 @@ from service_bench import (  # benchmarks/: this script's directory; puts the re
     read_topic,
 )
 
-from processors.view.thread_view import history_partition
 from tests.run_generator import generate_run, interleaved_runs
 from tests.service_harness import (
     VIEW_TOKEN,
@@ -234,6 +233,10 @@ def part_latency(bench: Bench, store: str, sizes: list[int], requests: int,
         routes = [("/healthz", "GET /healthz (baseline)")] + [
             (f"/v1/threads/{thread}/messages", f"GET messages, {size:,} messages")
             for size, (thread, _) in threads.items()]
+        largest, (largest_thread, _) = max(threads.items())
+        routes += [(f"/v1/threads/{largest_thread}/messages?limit=100{order}",
+                    f"GET {label} 100 of {largest:,} messages")
+                   for order, label in (("", "first"), ("&order=desc", "newest"))]
         timings: dict[str, list[float]] = {path: [] for path, _ in routes}
         body_bytes: dict[str, int] = {}
         api = Api(worker.port)
@@ -315,11 +318,10 @@ class Sample:
     events: float
     consumer_lag: float
     view_lag: float  # the metric (set every 10 s)
-    direct_lag: float | None  # from the API's historyOffset and the last stable offsets
 
 
 async def _watch(worker: Worker, bootstrap: str, history: str, partitions: int, total: int,
-                 runs: int, probes: dict[int, str], last_runs: dict[str, str],
+                 runs: int, last_runs: dict[str, str],
                  started: float) -> tuple[list[Sample], dict[str, float], int]:
     """Samples every 0.5 s until every event is processed, every closing record is
     read_committed, the sampled threads' last runs are in the view and the view's lag
@@ -343,17 +345,6 @@ async def _watch(worker: Worker, bootstrap: str, history: str, partitions: int, 
         await asyncio.to_thread(wait_for_run, worker.port, thread, run_id, 120)
         in_view[thread] = time.monotonic()
 
-    async def direct_lag() -> float | None:
-        ends = await consumer.end_offsets(tps)  # read_committed: last stable offsets
-        lags: list[int] = []
-        for partition, thread in probes.items():
-            status, body = await asyncio.to_thread(get_once, worker.port,
-                                                   f"/v1/threads/{thread}")
-            if status != 200:
-                return None  # that partition's probe thread is not in the view yet
-            lags.append(max(0, ends[tps[partition]] - 1 - body["historyOffset"]))
-        return max(lags)
-
     try:
         deadline = time.monotonic() + 900
         next_sample = 0.0
@@ -369,7 +360,7 @@ async def _watch(worker: Worker, bootstrap: str, history: str, partitions: int, 
                 samples.append(Sample(
                     time.perf_counter() - started, metric_value(text, "agui_events_total"),
                     metric_value(text, "agui_consumer_lag_records"),
-                    metric_max(text, "agui_view_lag_records"), await direct_lag()))
+                    metric_max(text, "agui_view_lag_records")))
                 last = samples[-1]
                 if (done_at is None and last.events >= total and closing >= runs
                         and len(in_view) == len(last_runs)):
@@ -416,17 +407,13 @@ def part_full_rate(bench: Bench, store: str, events: int) -> None:
     last_position = {key: index for index, (key, _, _) in enumerate(records)}
     ending = sorted(last_position, key=last_position.__getitem__)[-8:]
     last_runs = {key.decode(): f"{key.decode()}-run{runs_per_key - 1}" for key in ending}
-    probes: dict[int, str] = {}
-    for key, _, _ in records:  # per partition, the thread that starts first
-        thread = key.decode()
-        probes.setdefault(history_partition(TENANT, thread, ns.partitions), thread)
     started = time.perf_counter()
     worker.start()
     assert worker.process is not None
     cpu_start = cpu_seconds(worker.process.pid)
     try:
         samples, delays, closing = asyncio.run(_watch(
-            worker, bench.bootstrap, ns.history, ns.partitions, total, len(runs), probes,
+            worker, bench.bootstrap, ns.history, ns.partitions, total, len(runs),
             last_runs, started))
         cpu = cpu_seconds(worker.process.pid) - cpu_start
     finally:
@@ -436,32 +423,24 @@ def part_full_rate(bench: Bench, store: str, events: int) -> None:
 
 def report_full_rate(samples: list[Sample], delays: dict[str, float], closing: int, runs: int,
                      total: int, cpu: float) -> None:
-    def lag(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:,.0f}"
-
-    print("  t (s)   events   consumer lag  view lag (metric)  view lag (direct)")
+    print("  t (s)   events   consumer lag  view lag (metric)")
     for index, sample in enumerate(samples):
         if index % 4 == 0 or index == len(samples) - 1:
             print(f"  {sample.at:5.1f} {sample.events:>9,.0f} {sample.consumer_lag:>12,.0f}"
-                  f" {sample.view_lag:>16,.0f} {lag(sample.direct_lag):>18}")
+                  f" {sample.view_lag:>16,.0f}")
     done = next(s for s in samples if s.events >= total)
     idle = [s for s in samples if s.events == 0]  # before the first record was processed
     first = idle[-1] if idle else samples[0]
     processing = [s for s in samples if s.at <= done.at]
     metric = [s.view_lag for s in processing if not math.isnan(s.view_lag)]
-    direct = [s.direct_lag for s in processing if s.direct_lag is not None]
     rate = (total - first.events) / max(1e-9, done.at - first.at)
     print(f"  worker: {rate:,.0f} events/s by agui_events_total ({total - first.events:,.0f}"
           f" events in {done.at - first.at:.1f} s, from the last sample before it processed"
           f" any; {done.at:.1f} s from its start), CPU {cpu:.0f} s (start to end), closing"
           f" records {closing:,}/{runs:,}")
     print(f"  view lag while processing: metric max {max(metric, default=math.nan):,.0f}"
-          f" records ({len(metric)} samples set), direct max "
-          f"{max(direct, default=math.nan):,.0f} records (p50 "
-          f"{quantile(direct, 0.5) if direct else math.nan:,.0f}; {len(direct)} samples);"
-          f" at the end: metric {samples[-1].view_lag:,.0f}, direct "
-          f"{lag(samples[-1].direct_lag)}; consumer lag max "
-          f"{max(s.consumer_lag for s in processing):,.0f}")
+          f" records ({len(metric)} samples set); at the end: {samples[-1].view_lag:,.0f};"
+          f" consumer lag max {max(s.consumer_lag for s in processing):,.0f}")
     values = sorted(delays.values())
     print(f"  last run's closing record read_committed -> in the view (?run=), "
           f"{len(values)} threads that end last: p50 {quantile(values, 0.5) * 1000:.0f} ms, "

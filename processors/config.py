@@ -69,6 +69,13 @@ DOCUMENTED: Final = (
      " history record for this long (30 days)"),
     ("AGUI_TOKENS_FILE", "", "tenant tokens of the thread API (docs/thread-view.md); empty:"
      " the API answers every request 401"),
+    ("AGUI_API_BIND", "0.0.0.0", "address the HTTP port listens on (127.0.0.1: this host"
+     " only)"),
+    ("AGUI_API_MAX_CONNECTIONS", "1000", "open HTTP connections a worker keeps; more are"
+     " answered 503 and closed"),
+    ("AGUI_API_MAX_WAITERS", "1000", "thread API requests that may wait for the view at"
+     " once (run= or min_offset=); more are answered 429"),
+    ("AGUI_API_MAX_WAITERS_PER_TENANT", "100", "of those, requests of one tenant"),
     ("AGUI_TEST_STALL_AGENT", "", "test only: 1 makes the agent stop before its first record"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
     ("AGUI_LOG_FORMAT", "text", "text (a plain line per record) or json (a JSON object per"
@@ -115,6 +122,10 @@ class Settings:
     stall_seconds: float
     view_retention_seconds: float
     tokens_file: str | None
+    api_bind: str
+    api_max_connections: int
+    api_max_waiters: int
+    api_max_waiters_per_tenant: int
     test_stall_agent: bool
 
     @classmethod
@@ -228,6 +239,14 @@ class Settings:
                 "AGUI_VIEW_RETENTION_SECONDS", get("AGUI_VIEW_RETENTION_SECONDS"), 1,
                 3650 * 86_400)),
             tokens_file=optional("AGUI_TOKENS_FILE"),
+            api_bind=_non_empty("AGUI_API_BIND", get("AGUI_API_BIND")),
+            api_max_connections=_integer("AGUI_API_MAX_CONNECTIONS",
+                                         get("AGUI_API_MAX_CONNECTIONS"), 10, 1_000_000),
+            api_max_waiters=_integer("AGUI_API_MAX_WAITERS", get("AGUI_API_MAX_WAITERS"), 0,
+                                     1_000_000),
+            api_max_waiters_per_tenant=_integer("AGUI_API_MAX_WAITERS_PER_TENANT",
+                                                get("AGUI_API_MAX_WAITERS_PER_TENANT"), 0,
+                                                1_000_000),
             test_stall_agent=_choice("AGUI_TEST_STALL_AGENT", get("AGUI_TEST_STALL_AGENT"),
                                      ("", "0", "1")) == "1",
         )

@@ -24,6 +24,9 @@ topic order. Content records (`kind` `message`, `input`, `continuation`,
                ``messageCount`` or ``inputEchoed`` (a late error) keeps the
                earlier record's. A late error (``late: true``) is final: a
                closing record of the run after it is a duplicate
+``erasure``    the tenant erased the thread: everything folded so far is
+               dropped (messages, runs, the records seen); what comes after
+               starts the thread afresh
 ============== ==============================================================
 
 Duplicates (an at-least-once producer, the raw topic processed again) are dropped
@@ -92,6 +95,14 @@ class Closing:
     fields: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """An erasure record, read (v2 only; it always names its thread)."""
+
+    tenant: str
+    thread_id: str
+
+
 class Fold(enum.Enum):
     """What folding a content record does, when it does not put a message."""
 
@@ -116,6 +127,9 @@ def fold_history(records: Iterable[Any], accept: Accept | None = None) -> Folded
     seen: set[tuple[str, int]] = set()  # (runId, seq) of the content records folded
     for value in records:
         record = read_record(value)
+        if isinstance(record, Erasure):
+            held, runs, seen = {}, {}, set()
+            continue
         if record is None or record.thread_id is None or record.run_id is None:
             continue
         if isinstance(record, Closing):
@@ -243,7 +257,7 @@ def close_run(previous: dict[str, Any] | None, fields: dict[str, Any]) -> dict[s
 # --- reading a record ------------------------------------------------------------------
 
 
-def read_record(value: Any) -> Content | Closing | None:
+def read_record(value: Any) -> Content | Closing | Erasure | None:
     """The record, if it is a usable history record (either schema); else None."""
     if not isinstance(value, dict):
         return None
@@ -258,6 +272,10 @@ def read_record(value: Any) -> Content | Closing | None:
     if kind == "run":
         fields = (_v1_closing(value) if schema == HISTORY_V1 else _v2_closing(value))
         return None if fields is None else Closing(tenant, thread_id, run_id, fields)
+    if kind == "erasure":
+        if schema != HISTORY_V2 or thread_id is None or type(value.get("erasedAt")) is not int:
+            return None
+        return Erasure(tenant, thread_id)
     seq = value.get("seq")
     if type(seq) is not int or seq < 0 or (schema == HISTORY_V1 and kind != "message"):
         return None

@@ -75,6 +75,15 @@ class HistoryRemoval(_HistoryRecord):
     messageId: str
 
 
+class HistoryErasure(_HistoryRecord):
+    """The tenant erased the thread (`DELETE /v1/threads/{threadId}`): every consumer
+    drops what the thread's records before this one gave it. Later records start the
+    thread afresh."""
+
+    kind: Literal["erasure"] = "erasure"
+    erasedAt: int  # milliseconds since the epoch
+
+
 class RunFailure(_Record):
     code: str
 

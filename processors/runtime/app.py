@@ -38,6 +38,7 @@ from processors.runtime.health import Liveness
 from processors.runtime.jobs import WorkerJobs
 from processors.runtime.kafka_client import faust_credentials
 from processors.runtime.view_service import serve_thread_view
+from processors.runtime.web_server import WebLimits
 from processors.view.tenant_tokens import TenantTokens
 from processors.view.thread_view import ThreadView
 from topics.declarations import (
@@ -86,7 +87,7 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
         value_serializer="raw",
         web_enabled=True,
         web_port=settings.metrics_port,
-        web_bind="0.0.0.0",
+        web_bind=settings.api_bind,
         autodiscover=False,
         loghandlers=[],
     )
@@ -108,6 +109,8 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     the thread API's (None: the API refuses every request); `topic_limits` the
     largest record each output topic takes, as the broker said at start."""
     app: AdaptedApp = faust_app(settings)
+    app.web_limits = WebLimits(settings.api_bind, settings.metrics_port,
+                               settings.api_max_connections)  # before any page
     ticks = idle_ticks_topic(settings.app_id)
     if settings.input_pattern is not None:
         source = app.raw_topic(

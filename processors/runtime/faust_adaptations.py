@@ -44,6 +44,7 @@ from mode import Service
 from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
 
+from processors.runtime.web_server import HardenedWeb, WebLimits
 from processors.safe_logging import log_exception_kind
 
 log = logging.getLogger("agui_stream")
@@ -837,6 +838,8 @@ class AdaptedApp(faust.App):
     """A Faust app with the adaptations above; `take_commit` is the worker's hook that
     hands every commit what to send with it."""
 
+    web_limits: WebLimits | None = None  # set before the first page is added
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("Monitor", LeanMonitor)
         kwargs.setdefault("producer_partitioner", CachedKeyPartitioner())
@@ -853,6 +856,13 @@ class AdaptedApp(faust.App):
         self._owned_producers: set[str] = set()
         self.on_partitions_assigned.connect(
             self._stop_producers_of_lost_partitions)  # type: ignore[arg-type]
+
+    def _new_web(self) -> Any:
+        """Faust's web driver, hardened (`web_server.HardenedWeb`) once the worker has
+        set `web_limits`."""
+        if self.web_limits is None:
+            return super()._new_web()
+        return HardenedWeb(self, self.web_limits)
 
     def raw_topic(self, *topics: str, pattern: Any = None) -> Any:
         """A topic whose records reach the agent as bytes (`RawRecords`)."""

@@ -15,30 +15,53 @@ answers it, forwarding it there when it is not that worker.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import aiohttp
+import aiohttp.web
+import orjson
+from faust.types import TP
+from faust.web import View
 from yarl import URL
 
 from processors.config import Settings
 from processors.metrics import Metrics
 from processors.processing.outputs import incoming_record
 from processors.runtime.faust_adaptations import AdaptedApp, apply_each
+from processors.runtime.web_server import HardenedWeb
 from processors.safe_logging import log_exception_kind
+from processors.view.openapi import openapi_document
 from processors.view.tenant_tokens import TenantTokens
-from processors.view.thread_api import ApiResponse, ThreadApi
+from processors.view.thread_api import (
+    INTERNAL,
+    MAX_WAIT_SECONDS,
+    NOT_READY,
+    ApiResponse,
+    ErrorCode,
+    ReadProgress,
+    ThreadApi,
+    api_error,
+)
 from processors.view.thread_view import ThreadView
 from topics.declarations import VIEW_TABLE
+from topics.records import HistoryErasure
 
 log = logging.getLogger("agui_stream")
 
-_FORWARDED: Final = "X-Agui-Forwarded"  # a forwarded request is answered where it lands
+# The owner's own wait, and time to answer (the client waits 15 s).
+_FORWARD_TIMEOUT: Final = MAX_WAIT_SECONDS + 3.0
+
+# Marks a request one worker forwarded to another: it is never forwarded again
+# (two workers that disagree on the owner during a rebalance cannot bounce it). It
+# grants nothing: a worker answers only for the partitions it owns, whoever asks.
+_FORWARDED: Final = "X-Agui-Forwarded"
 _JSON: Final = "application/json"
-_NOT_HERE: Final = ApiResponse(503, {"error": "the thread's partition is moving between"
-                                              " workers; retry in a few seconds"})
+_REFUSAL_CODES: Final = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
+_PASSED_BACK: Final = ("WWW-Authenticate", "Retry-After")  # the owner's headers kept
 
 Route = Callable[[str | None, str, Mapping[str, str]], Awaitable[ApiResponse]]
 
@@ -46,69 +69,148 @@ Route = Callable[[str | None, str, Mapping[str, str]], Awaitable[ApiResponse]]
 def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                       view: ThreadView, tokens: TenantTokens | None) -> ThreadApi:
     """Add the history agent and the API's routes to `app`; the API they serve."""
-    api = ThreadApi(view, tokens)
-    history = app.raw_topic(settings.history_topic)
+    history_topic = settings.history_topic
+
+    def ready(partition: int) -> bool:
+        """This worker owns the partition and its view is recovered."""
+        return bool(app.tables.actives_ready) and TP(history_topic, partition) in (
+            app.consumer.assignment())
+
+    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+        """The erasure record, sent outside any transaction (like the idle ticks): the
+        view applies it as it reads the partition; its offset."""
+        value = HistoryErasure(tenant=tenant, threadId=thread_id,
+                               erasedAt=int(time.time() * 1000)).to_bytes()
+        delivery = await app.producer.send(history_topic, f"{tenant}/{thread_id}".encode(),
+                                           value, partition, None, None)
+        return int((await delivery).offset)
+
+    api = ThreadApi(view, tokens, ReadProgress(settings.api_max_waiters,
+                                               settings.api_max_waiters_per_tenant),
+                    ready=ready, eraser=erase)
+    history = app.raw_topic(history_topic)
+
+    async def view_recovered() -> None:
+        # What was read while the table recovered (a partition's offset, the expiry
+        # index) was read from a table not recovered yet: read it again.
+        view.forget()
+
+    app.tables[VIEW_TABLE].on_recover(view_recovered)
 
     def apply(event: Any) -> None:
-        view.apply(incoming_record(event.message))
+        thread = view.apply(incoming_record(event.message))
         event.ack()
-        api.progress.advanced()
+        if thread is not None:
+            api.progress.advanced(thread)
 
     @app.agent(history, name="thread-view")
     async def maintain_thread_view(stream: Any) -> None:
         await apply_each(stream, app, apply)
 
     async def answer(page: Any, request: Any, thread_id: str, name: str,
-                     route: Route) -> Any:
+                     route: Route, paged: bool = True) -> Any:
         started = time.perf_counter()
-        authorization = request.headers.get("Authorization")
-        response = await _forwarded(app, view, tokens, request, thread_id, authorization)
-        if response is None:
-            response = await route(authorization, thread_id, dict(request.query))
-        metrics.api_request_seconds.labels(name, str(response.status)).observe(
-            time.perf_counter() - started)
+        response = INTERNAL
+        try:
+            response = await _answer_or_forward(app, view, api, request, thread_id, route,
+                                                paged)
+        except Exception as error:
+            log_exception_kind(log, logging.ERROR, "could not answer a thread API request",
+                               error)
+        finally:
+            metrics.api_request_seconds.labels(name, str(response.status)).observe(
+                time.perf_counter() - started)
         return page.bytes(response.json(), content_type=_JSON, status=response.status,
                           headers=dict(response.headers))
+
+    @aiohttp.web.middleware
+    async def json_errors(request: Any, handler: Any) -> Any:
+        """aiohttp's own refusals (no such route, method) as the API's JSON errors,
+        counted like every answer."""
+        started = time.perf_counter()
+        try:
+            return await handler(request)
+        except aiohttp.web.HTTPException as refusal:
+            if refusal.status < 400:
+                raise
+            response = api_error(refusal.status, _REFUSAL_CODES.get(
+                refusal.status, ErrorCode.BAD_REQUEST), refusal.reason)
+            metrics.api_request_seconds.labels("other", str(response.status)).observe(
+                time.perf_counter() - started)
+            return aiohttp.web.Response(body=response.json(), status=response.status,
+                                        content_type=_JSON)
+
+    cast(HardenedWeb, app.web).web_app.middlewares.append(json_errors)
+
+    contract = orjson.dumps(openapi_document())
+
+    @app.page("/v1/openapi.json")
+    async def thread_api_contract(page: Any, request: Any) -> Any:
+        return page.bytes(contract, content_type=_JSON)
 
     @app.page("/v1/threads/{thread_id}/messages")
     async def thread_messages(page: Any, request: Any, thread_id: str) -> Any:
         return await answer(page, request, thread_id, "messages", api.messages)
 
     @app.page("/v1/threads/{thread_id}")
-    async def thread_runs(page: Any, request: Any, thread_id: str) -> Any:
-        return await answer(page, request, thread_id, "runs", api.runs)
+    class Thread(View):
+        async def get(self, request: Any, thread_id: str) -> Any:
+            return await answer(self, request, thread_id, "runs", api.runs)
+
+        async def delete(self, request: Any, thread_id: str) -> Any:
+            return await answer(self, request, thread_id, "delete", api.delete, paged=False)
+
+    @app.page("/v1/threads/{thread_id}/runs/{run_id}")
+    async def thread_run(page: Any, request: Any, thread_id: str, run_id: str) -> Any:
+        return await answer(page, request, thread_id, "run",
+                            functools.partial(_run_route, api.run, run_id), paged=False)
 
     return api
 
 
-async def _forwarded(app: AdaptedApp, view: ThreadView, tokens: TenantTokens | None,
-                     request: Any, thread_id: str,
-                     authorization: str | None) -> ApiResponse | None:
-    """The owner's answer when another worker owns the thread's partition; None when
-    this one does (or the request cannot be admitted: the API answers that)."""
-    tenant = tokens.tenant_for(authorization) if tokens is not None else None
-    if tenant is None or request.headers.get(_FORWARDED):
-        return None
-    try:
+async def _run_route(route: Callable[..., Awaitable[ApiResponse]], run_id: str,
+                     authorization: str | None, thread_id: str,
+                     query: Mapping[str, str]) -> ApiResponse:
+    return await route(authorization, thread_id, run_id, query)
+
+
+async def _answer_or_forward(app: AdaptedApp, view: ThreadView, api: ThreadApi,
+                             request: Any, thread_id: str, route: Route,
+                             paged: bool) -> ApiResponse:
+    """The answer of the worker that owns the thread's partition: this one's, or the
+    owner's when another one owns it (a request not admitted is answered here)."""
+    authorization = request.headers.get("Authorization")
+    tenant = api.tenant(authorization, request.query, paged)
+    if isinstance(tenant, ApiResponse):
+        return tenant
+    if request.headers.get(_FORWARDED) is None:
         owner = _owner(app, view.partition_for(tenant, thread_id))
         if owner is None:  # no assignment known yet
-            return _NOT_HERE
+            return NOT_READY
         here = app.conf.canonical_url
-        if (owner.host, owner.port) == (here.host, here.port):
-            return None
-        url = request.url.with_scheme(owner.scheme).with_host(owner.host or "").with_port(
-            owner.port)
-        async with app.http_client.get(
-                url, headers={"Authorization": authorization or "", _FORWARDED: "1"},
-                timeout=aiohttp.ClientTimeout(total=30)) as reply:
+        if (owner.host, owner.port) != (here.host, here.port):
+            return await _forward(app, request, owner, authorization)
+    return await route(authorization, thread_id, dict(request.query))
+
+
+async def _forward(app: AdaptedApp, request: Any, owner: URL,
+                   authorization: str | None) -> ApiResponse:
+    url = request.url.with_scheme(owner.scheme).with_host(owner.host or "").with_port(
+        owner.port)
+    try:
+        async with app.http_client.request(
+                request.method, url,
+                headers={"Authorization": authorization or "", _FORWARDED: "1"},
+                timeout=aiohttp.ClientTimeout(total=_FORWARD_TIMEOUT)) as reply:
             body = await reply.json(content_type=None)
+            if not isinstance(body, dict):
+                raise ValueError("not a JSON object")
             return ApiResponse(reply.status, body, {
-                name: value for name, value in reply.headers.items()
-                if name == "WWW-Authenticate"})
+                name: value for name, value in reply.headers.items() if name in _PASSED_BACK})
     except Exception as error:  # the owner is gone or moving: the caller retries
         log_exception_kind(log, logging.WARNING, "could not forward a thread API request",
                            error)
-        return _NOT_HERE
+        return NOT_READY
 
 
 def _owner(app: AdaptedApp, partition: int) -> URL | None:
@@ -125,6 +227,8 @@ def measure_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
     """Export the view's lag per owned history partition (offsets after the last record
     it applied: when caught up, the commit markers of the transactions that wrote to it
     last, at most one per partition number) and the threads it holds."""
+    if not app.tables.actives_ready:  # the table is recovering: nothing to say yet
+        return
     consumer = app.consumer
     owned = [tp for tp in consumer.assignment() if tp.topic == settings.history_topic]
     for tp in owned:

@@ -32,7 +32,7 @@ from processors.runtime.topic_admin import create_topics
 from processors.runtime.topic_io import produce, read_committed
 from processors.runtime.worker import load_settings
 from processors.tools.samples import Sample, next_turn, sample_runs
-from processors.view.client import ThreadApiError, fetch_thread_messages
+from processors.view.client import ThreadApiError, fetch_run, fetch_thread_messages
 from processors.view.tenant_tokens import token_line
 
 
@@ -122,6 +122,7 @@ def second_turn(settings: Settings, first: Sample, token: str) -> str:
     asyncio.run(replay(settings, [turn]))
     try:
         after = fetch_thread_messages(base, token, thread, run=turn.run_id)
+        outcome = fetch_run(base, token, thread, turn.run_id).run.outcome
     except ThreadApiError as error:
         return f"next turn: the thread API refused: {error}"
     return "\n".join([
@@ -130,8 +131,11 @@ def second_turn(settings: Settings, first: Sample, token: str) -> str:
         f" {len(returned)} encrypted reasoning value(s) {intact} what {run} sent",
         f"  {turn.run_id} started with those {len(start.messages)} messages"
         f" (RunAgentInput, echoed on RUN_STARTED); once it finished, the view holds"
-        f" {len(after)}, {sum(m.role == 'user' for m in after)} of them the user's",
+        f" {len(after)}, {sum(m.role == 'user' for m in after)} of them the user's;"
+        f" its outcome: {outcome}",
         f"  curl -H 'Authorization: Bearer {token}' {base}/v1/threads/{thread}/messages",
+        f"  curl -H 'Authorization: Bearer {token}' {base}/v1/threads/{thread}/runs/{turn.run_id}",
+        f"  curl {base}/v1/openapi.json   # the API's OpenAPI 3.1 contract",
     ])
 
 

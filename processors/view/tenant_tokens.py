@@ -3,7 +3,7 @@
 The tokens file (`AGUI_TOKENS_FILE`) has one line per token:
 
     # comment
-    <tenant> sha256:<64 hex digits>
+    <tenant> sha256:<64 hex digits>   # an optional comment
 
 the hex being the SHA-256 of the token's UTF-8 bytes; blank lines and lines
 starting with `#` are ignored. A tenant may have several lines (to rotate a
@@ -27,7 +27,8 @@ from typing import Final
 
 from processors.config import ConfigError
 
-_LINE: Final = re.compile(r"(\S+)\s+sha256:([0-9a-fA-F]{64})")
+# A comment may follow the digest, after whitespace.
+_LINE: Final = re.compile(r"(\S+)\s+sha256:([0-9a-fA-F]{64})(?:\s+#.*)?")
 
 
 def token_digest(token: str) -> bytes:

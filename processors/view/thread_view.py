@@ -58,6 +58,7 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final, NamedTuple, Protocol
 
 import orjson
@@ -69,7 +70,15 @@ from processors.processing.outputs import Incoming
 from processors.processing.record_processor import StateChange
 from processors.safe_logging import log_exception_kind
 from topics.declarations import VIEW_TABLE
-from topics.history_fold import Closing, Content, Fold, close_run, fold_content, read_record
+from topics.history_fold import (
+    Closing,
+    Content,
+    Erasure,
+    Fold,
+    close_run,
+    fold_content,
+    read_record,
+)
 from topics.partitioning import default_partition
 
 log = logging.getLogger("agui_stream")
@@ -77,6 +86,7 @@ log = logging.getLogger("agui_stream")
 _U32: Final = struct.Struct(">I")
 _OFFSET: Final = struct.Struct(">q")
 _MESSAGE: Final[TypeAdapter[Any]] = TypeAdapter(Message)
+_EVERY: Final = 2**32  # a limit no thread reaches (positions are u32)
 NOTHING_READ: Final = -1  # the read offset of a partition the view has read nothing from
 
 
@@ -84,7 +94,15 @@ class Missing(enum.Enum):
     """Why a read found nothing."""
 
     THREAD = "the tenant has no such thread"
-    AFTER = "the thread has no message with the id given as `after`"
+    AFTER = "the thread has no entry with the id given as `after`"
+    BEFORE = "the thread has no entry with the id given as `before`"
+
+
+class Page(NamedTuple):
+    """Some of a thread's messages or runs, in the order asked for."""
+
+    items: list[dict[str, Any]]
+    has_more: bool  # more of them lie beyond the page, in the direction it was read
 
 
 @dataclass(slots=True)
@@ -103,6 +121,19 @@ class ViewCounts:
     # record after a late error): an at-least-once duplicate or a reprocessing.
     duplicates: int = 0
     expired_threads: int = 0  # removed by the retention
+    erased_threads: int = 0  # removed by an erasure record
+
+
+@dataclass(frozen=True, slots=True)
+class Cursors:
+    """Which page to read: `limit` entries after the entry `after` and before the
+    entry `before` (ids; None: from the start or to the end), in the list's order,
+    oldest first unless `descending`."""
+
+    limit: int
+    after: str | None = None
+    before: str | None = None
+    descending: bool = False
 
 
 class RunStatus(NamedTuple):
@@ -144,6 +175,9 @@ class ThreadHeader:
     last_time: int
     open_runs: dict[str, OpenRun] = field(default_factory=dict)
     unechoed_runs: int = 0  # runs whose summary says inputEchoed: false
+    # The history offset of the thread's last record applied (None: a header
+    # written before the view kept it).
+    last_offset: int | None = None
 
     def encode(self) -> bytes:
         return orjson.dumps({
@@ -151,7 +185,7 @@ class ThreadHeader:
             "messages": self.messages, "runs": self.runs, "firstTime": self.first_time,
             "lastTime": self.last_time,
             "openRuns": {run_id: run.encode() for run_id, run in self.open_runs.items()},
-            "unechoedRuns": self.unechoed_runs,
+            "unechoedRuns": self.unechoed_runs, "lastOffset": self.last_offset,
         })
 
     @classmethod
@@ -161,7 +195,7 @@ class ThreadHeader:
                    fields["messages"], fields["runs"], fields["firstTime"],
                    fields["lastTime"],
                    {run_id: OpenRun.decode(run) for run_id, run in fields["openRuns"].items()},
-                   fields.get("unechoedRuns", 0))
+                   fields.get("unechoedRuns", 0), fields.get("lastOffset"))
 
 
 def thread_key(tenant: str, thread_id: str) -> bytes:
@@ -241,40 +275,46 @@ class ThreadView:
 
     # --- records -------------------------------------------------------------------
 
-    def apply(self, record: Incoming) -> None:
-        """Apply one history record. Never raises."""
+    def apply(self, record: Incoming) -> bytes | None:
+        """Apply one history record; the key (`thread_key`) of the thread it concerned,
+        if any. Never raises."""
         try:
             part = self._part(record.partition)
             if record.offset <= part.read_offset:
                 self.counts.replayed += 1
-                return
+                return None
             part.read_offset = record.offset
             self._put(part, read_offset_key(record.partition), _OFFSET.pack(record.offset))
             parsed = _parse(record)
             if parsed is None:
                 self.counts.unusable += 1
-                return
+                return None
+            if isinstance(parsed, Erasure):
+                thread = thread_key(parsed.tenant, parsed.thread_id)
+                self._erase(part, thread)
+                return thread
             if parsed.thread_id is None:
                 self.counts.threadless += 1
-                return
+                return None
             if parsed.run_id is None:  # every run with a thread has a run id
                 self.counts.unusable += 1
-                return
+                return None
             when = (int(self.clock() * 1000) if record.timestamp is None
                     else record.timestamp)
-            outcome = self._apply(part, record.partition, parsed, parsed.thread_id,
-                                  parsed.run_id, when)
+            outcome = self._apply(part, record, parsed, parsed.thread_id, parsed.run_id, when)
             if outcome is Fold.IGNORED:
                 self.counts.ignored += 1
             elif outcome is _DUPLICATE:
                 self.counts.duplicates += 1
             else:
                 self.counts.applied += 1
+            return thread_key(parsed.tenant, parsed.thread_id)
         except Exception as error:
             self.counts.unusable += 1
             log_exception_kind(log, logging.ERROR, "could not apply a history record to the"
                                " thread view; it was skipped", error,
                                f" at {record.topic}[{record.partition}]@{record.offset}")
+            return None
 
     def expire(self, partition: int, now: float) -> None:
         """Remove the partition's threads whose last record is older than the
@@ -300,27 +340,43 @@ class ThreadView:
     def messages(self, tenant: str, thread_id: str,
                  after: str | None = None) -> list[dict[str, Any]] | Missing:
         """The thread's messages in order, or only those after the message `after`."""
-        thread = thread_key(tenant, thread_id)
-        header = self._header(thread)
-        if header is None:
-            return Missing.THREAD
-        start = 0
-        if after is not None:
-            position = self._position(message_index_key(thread, after))
-            if position is None:
-                return Missing.AFTER
-            start = position + 1
-        return list(self._entries(message_key(thread, p) for p in range(start, header.messages)))
+        page = self.message_page(tenant, thread_id, Cursors(_EVERY, after))
+        return page if isinstance(page, Missing) else page.items
 
     def runs(self, tenant: str, thread_id: str) -> list[dict[str, Any]] | Missing:
         """The summaries of the thread's runs, in the order of their first closing
         record."""
+        page = self.run_page(tenant, thread_id, Cursors(_EVERY))
+        return page if isinstance(page, Missing) else page.items
+
+    def message_page(self, tenant: str, thread_id: str, cursors: Cursors) -> Page | Missing:
+        """A page of the thread's messages; `cursors` name message ids."""
         thread = thread_key(tenant, thread_id)
         header = self._header(thread)
         if header is None:
             return Missing.THREAD
-        return [_current(summary) for summary in
-                self._entries(run_key(thread, n) for n in range(header.runs))]
+        return self._page(header.messages, partial(message_key, thread),
+                          partial(message_index_key, thread), cursors, _as_stored)
+
+    def run_page(self, tenant: str, thread_id: str, cursors: Cursors) -> Page | Missing:
+        """A page of the thread's run summaries (in the order of their first closing
+        record); `cursors` name run ids."""
+        thread = thread_key(tenant, thread_id)
+        header = self._header(thread)
+        if header is None:
+            return Missing.THREAD
+        return self._page(header.runs, partial(run_key, thread), partial(run_index_key, thread),
+                          cursors, _current)
+
+    def thread_offset(self, tenant: str, thread_id: str) -> int | None:
+        """The history offset of the thread's last record the view applied; None for no
+        thread. (A header written before the view kept it answers its partition's.)"""
+        header = self._header(thread_key(tenant, thread_id))
+        if header is None:
+            return None
+        if header.last_offset is None:
+            return self._part(header.partition).read_offset
+        return header.last_offset
 
     def unechoed_runs(self, tenant: str, thread_id: str) -> int:
         """How many of the thread's runs said `inputEchoed: false` (their RUN_STARTED
@@ -386,22 +442,25 @@ class ThreadView:
 
     # --- internals -------------------------------------------------------------------
 
-    def _apply(self, part: _Partition, partition: int, parsed: Content | Closing,
+    def _apply(self, part: _Partition, record: Incoming, parsed: Content | Closing,
                thread_id: str, run_id: str, when: int) -> object:
         """Fold the record into its thread: `Fold.IGNORED` if it could not fold,
-        `_DUPLICATE` if its run had it already (nothing changes), else None."""
+        `_DUPLICATE` if its run had it already (only the thread's offset changes),
+        else None."""
         thread = thread_key(parsed.tenant, thread_id)
-        header = self._header(thread) or ThreadHeader(parsed.tenant, thread_id, partition,
-                                                      0, 0, when, when)
+        header = self._header(thread) or ThreadHeader(parsed.tenant, thread_id,
+                                                      record.partition, 0, 0, when, when)
+        header.last_offset = record.offset  # what `min_offset` waits for, duplicate or not
         outcome: object = None
         if isinstance(parsed, Content):
             if not self._taken_in(thread, header, run_id, parsed.seq, when):
-                return _DUPLICATE
-            if not self._fold(part, thread, header, parsed):
+                outcome = _DUPLICATE
+            elif not self._fold(part, thread, header, parsed):
                 outcome = Fold.IGNORED
         elif not self._close(part, thread, header, run_id, parsed.fields, when):
-            return _DUPLICATE
-        header.last_time = max(header.last_time, when)
+            outcome = _DUPLICATE
+        if outcome is not _DUPLICATE:
+            header.last_time = max(header.last_time, when)
         self._put(part, header_key(thread), header.encode())
         part.threads[thread] = header.last_time
         return outcome
@@ -500,6 +559,46 @@ class ThreadView:
             self._put(part, run_key(thread, number), None)
         self._put(part, header_key(thread), None)
 
+    def _page(self, count: int, entry_key: Callable[[int], bytes],
+              index_key: Callable[[str], bytes], cursors: Cursors,
+              current: Callable[[dict[str, Any]], dict[str, Any]]) -> Page | Missing:
+        """Up to `cursors.limit` entries of positions [0, count) in the order asked for,
+        between the cursors (exclusive); read from the `after` side, or from the
+        `before` side when only `before` is given (the entries nearest to it)."""
+        low, high = 0, count
+        for cursor, missing, is_low in ((cursors.after, Missing.AFTER, not cursors.descending),
+                                        (cursors.before, Missing.BEFORE, cursors.descending)):
+            if cursor is None:
+                continue
+            position = self._position(index_key(cursor))
+            if position is None:
+                return missing
+            if is_low:
+                low = max(low, position + 1)
+            else:
+                high = min(high, position)
+        from_after_side = cursors.after is not None or cursors.before is None
+        upward = from_after_side != cursors.descending
+        positions = range(low, high) if upward else range(high - 1, low - 1, -1)
+        items: list[dict[str, Any]] = []
+        for position in positions:
+            value = self._get(entry_key(position))
+            if value is None:  # a removed message's hole
+                continue
+            if len(items) == cursors.limit:
+                return Page(items if from_after_side else items[::-1], True)
+            items.append(current(orjson.loads(value)))
+        return Page(items if from_after_side else items[::-1], False)
+
+    def _erase(self, part: _Partition, thread: bytes) -> None:
+        """An erasure record: the thread's every entry goes (there may be none: erased
+        twice, expired, never seen)."""
+        header = self._header(thread)
+        if header is not None:
+            self._delete_thread(part, thread, header)
+        part.threads.pop(thread, None)
+        self.counts.erased_threads += 1
+
     def _part(self, partition: int) -> _Partition:
         part = self._partitions.get(partition)
         if part is None:
@@ -563,6 +662,10 @@ def parses_as_message(message: dict[str, Any]) -> bool:
     return True
 
 
+def _as_stored(message: dict[str, Any]) -> dict[str, Any]:
+    return message
+
+
 def _current(summary: dict[str, Any]) -> dict[str, Any]:
     """A stored run summary as this release answers it (the release that read only v1
     stored `finished` for `success`)."""
@@ -571,7 +674,7 @@ def _current(summary: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def _parse(record: Incoming) -> Content | Closing | None:
+def _parse(record: Incoming) -> Content | Closing | Erasure | None:
     """The history record, if it is one the view can use (`read_record`), under the
     key of its tenant and thread."""
     try:

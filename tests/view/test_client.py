@@ -14,19 +14,23 @@ import pytest
 from ag_ui.core import AssistantMessage, ReasoningMessage, RunAgentInput, UserMessage
 
 from processors.view.client import (
+    RunNotFound,
     RunSummary,
     ThreadApiError,
     ThreadApiUnreachable,
     ThreadNotFound,
     Unauthorized,
+    delete_thread,
+    fetch_run,
     fetch_thread_messages,
     fetch_thread_runs,
     read_thread_messages,
 )
 from processors.view.tenant_tokens import TenantTokens, token_line
-from processors.view.thread_api import ThreadApi
+from processors.view.thread_api import MAX_PAGE, ThreadApi
 from processors.view.thread_view import ThreadView
 from tests.view_helpers import History, assistant, feed, user
+from topics.records import HistoryErasure
 
 TOKEN = "acme-token"
 THREAD = "thread 1/ä?"  # quoted into one path segment
@@ -42,18 +46,37 @@ def serve(api: ThreadApi) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
-            segments = url.path.split("/")  # '', v1, threads, <id>[, messages]
-            route = {4: api.runs, 5: api.messages}.get(len(segments))
-            if route is not None and segments[1:3] == ["v1", "threads"] \
-                    and segments[4:] in ([], ["messages"]):
-                response = asyncio.run(route(
-                    self.headers.get("Authorization"), urllib.parse.unquote(segments[3]),
-                    dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))))
+            segments = url.path.split("/")  # '', v1, threads, <id>[, messages|runs, <id>]
+            query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+            response = None
+            if segments[1:3] == ["v1", "threads"] and len(segments) >= 4:
+                authorization = self.headers.get("Authorization")
+                thread_id, rest = urllib.parse.unquote(segments[3]), segments[4:]
+                if rest == []:
+                    response = asyncio.run(api.runs(authorization, thread_id, query))
+                elif rest == ["messages"]:
+                    response = asyncio.run(api.messages(authorization, thread_id, query))
+                elif len(rest) == 2 and rest[0] == "runs":
+                    response = asyncio.run(api.run(authorization, thread_id,
+                                                   urllib.parse.unquote(rest[1]), query))
+            if response is not None:
                 self.send_response(response.status)
+                for name, value in response.headers.items():
+                    self.send_header(name, value)
                 body = response.json()
             else:
                 self.send_response(500)
                 body = b"not json"
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_DELETE(self) -> None:
+            thread_id = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path.split("/")[3])
+            response = asyncio.run(api.delete(self.headers.get("Authorization"), thread_id, {}))
+            body = response.json()
+            self.send_response(response.status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -73,7 +96,17 @@ def base_url() -> Iterator[str]:
                            inputEchoed=True))
     feed(view, history.run(THREAD, "r2", [TOOL_CALL], pendingToolCallIds=["c1"],
                            inputEchoed=False))
-    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2)
+    feed(view, history.run("long", "r3", [user(f"m{n}") for n in range(MAX_PAGE + 5)]))
+    feed(view, history.run("long", "r4", [], outcome="failed",
+                           failure={"code": "orphan_event"}))
+    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+        record = history.record(f"{tenant}/{thread_id}".encode(), HistoryErasure(
+            tenant=tenant, threadId=thread_id, erasedAt=1).to_bytes())
+        view.apply(record)
+        return record.offset
+
+    api = ThreadApi(view, TenantTokens.parse(token_line("acme", TOKEN), "tokens"), max_wait=0.2,
+                    eraser=erase)
     server = ThreadingHTTPServer(("127.0.0.1", 0), serve(api))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -136,7 +169,27 @@ def test_after_run_and_min_offset_are_passed_on(base_url: str) -> None:
     assert len(fetch_thread_messages(base_url, TOKEN, THREAD, run="r1")) == 4
     with pytest.raises(ThreadApiError) as raised:  # a run the view never gets: 503
         fetch_thread_messages(base_url, TOKEN, THREAD, run="r-unknown")
-    assert raised.value.status == 503
+    assert (raised.value.status, raised.value.code, raised.value.retry_after) == (
+        503, "wait_timeout", 1)
+
+
+def test_pages_are_read_one_by_one_or_all_followed(base_url: str) -> None:
+    page = read_thread_messages(base_url, TOKEN, "long", limit=2, descending=True)
+    assert [m.id for m in page.messages] == [f"m{MAX_PAGE + 4}", f"m{MAX_PAGE + 3}"]
+    assert page.has_more and page.last_id == f"m{MAX_PAGE + 3}"
+    first = read_thread_messages(base_url, TOKEN, "long")
+    assert len(first.messages) == MAX_PAGE and first.has_more
+    every = fetch_thread_messages(base_url, TOKEN, "long")
+    assert [m.id for m in every] == [f"m{n}" for n in range(MAX_PAGE + 5)]
+
+
+def test_a_run_s_status_says_how_it_ended(base_url: str) -> None:
+    status = fetch_run(base_url, TOKEN, "long", "r4")
+    assert status.complete and status.run.outcome == "failed"
+    assert status.run.failure == {"code": "orphan_event"}
+    with pytest.raises(RunNotFound) as raised:
+        fetch_run(base_url, TOKEN, "long", "r/unknown")
+    assert (raised.value.status, raised.value.code) == (404, "run_not_found")
 
 
 def test_an_unknown_token_is_unauthorized_and_the_error_does_not_name_it(
@@ -182,3 +235,11 @@ def test_a_server_that_never_answers_times_out() -> None:
 def test_only_http_urls_are_fetched() -> None:
     with pytest.raises(ValueError, match="http"):
         fetch_thread_messages("file:///etc/passwd", TOKEN, THREAD)
+
+
+def test_a_deleted_thread_is_not_found_afterwards(base_url: str) -> None:
+    assert delete_thread(base_url, TOKEN, "long") is True
+    with pytest.raises(ThreadNotFound):
+        fetch_thread_messages(base_url, TOKEN, "long")
+    with pytest.raises(ThreadNotFound):
+        delete_thread(base_url, TOKEN, "long")

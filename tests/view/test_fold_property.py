@@ -42,6 +42,7 @@ from tests.view_helpers import (
 )
 from tests.view_helpers import Content as Item
 from topics.history_fold import fold_history
+from topics.records import HistoryErasure
 
 THREADS = [("acme", "t1"), ("acme", "t2"), ("globex", "t1")]
 PARTITIONS = 4
@@ -171,10 +172,11 @@ def runs(draw: st.DrawFn, number: int) -> Run:
 
 
 @st.composite
-def topics(draw: st.DrawFn) -> list[tuple[str, str, bytes]]:
-    """The history topic: the runs' records interleaved (each run's in order), with
-    duplicates of records already written."""
-    pending = [draw(runs(number)) for number in range(draw(st.integers(1, 8)))]
+def segments(draw: st.DrawFn, first_run: int, most_runs: int) -> list[tuple[str, str, bytes]]:
+    """Runs' records interleaved (each run's in order), with duplicates of records
+    already written; run numbers from `first_run`."""
+    pending = [draw(runs(number))
+               for number in range(first_run, first_run + draw(st.integers(1, most_runs)))]
     cursors = [0] * len(pending)
     topic: list[tuple[str, str, bytes]] = []
     while any(cursor < len(run.values) for cursor, run in zip(cursors, pending, strict=True)):
@@ -189,6 +191,21 @@ def topics(draw: st.DrawFn) -> list[tuple[str, str, bytes]]:
     if draw(st.booleans()):  # a run published again, whole (a reprocessing)
         run = draw(st.sampled_from(pending))
         topic += [(run.tenant, run.thread, value) for value in run.values]
+    return topic
+
+
+@st.composite
+def topics(draw: st.DrawFn) -> list[tuple[str, str, bytes]]:
+    """The history topic: segments of runs, and between two segments a tenant's
+    erasure of a thread. (An erasure between the records of a run, or duplicates of
+    its records after it, are outside the view's promise: docs/thread-view.md,
+    *Deleting a thread*.)"""
+    topic = draw(segments(0, 8))
+    for erasure in range(draw(st.integers(0, 2))):
+        tenant, thread = draw(st.sampled_from(THREADS))
+        topic.append((tenant, thread, HistoryErasure(tenant=tenant, threadId=thread,
+                                                     erasedAt=T0).to_bytes()))
+        topic += draw(segments(10 * (erasure + 1), 3))
     return topic
 
 

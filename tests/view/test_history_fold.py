@@ -212,3 +212,23 @@ def test_no_record_makes_the_fold_raise(records: list[Any]) -> None:
     folded = fold_history(prefix + records)
     assert isinstance(folded.messages, list) and isinstance(folded.runs, dict)
     assert orjson.dumps(records) == before
+
+
+def erasure(**fields: Any) -> dict[str, Any]:
+    return {**ENVELOPE, "kind": "erasure", "erasedAt": 1, **fields}
+
+
+def test_an_erasure_drops_everything_before_it_and_later_records_start_afresh() -> None:
+    first = [content("r1", 0, "message", user("u1")), closing("r1", messageCount=1)]
+    folded = fold_history([*first, erasure(), content("r2", 0, "message", user("u2")),
+                           closing("r2", messageCount=1), *first])
+    assert folded.messages == [user("u2"), user("u1")]  # r1 again: new after the erasure
+    assert list(folded.runs) == ["r2", "r1"]
+    assert fold_history([*first, erasure()]) == FoldedThread()
+
+
+def test_an_erasure_that_names_no_thread_or_time_or_is_v1_is_ignored() -> None:
+    first = [content("r1", 0, "message", user("u1"))]
+    for bad in (erasure(threadId=None), erasure(erasedAt="now"),
+                erasure(schema="agui.history.v1")):
+        assert messages([*first, bad]) == [user("u1")]

@@ -114,3 +114,12 @@ def test_a_worker_with_a_malformed_tokens_file_refuses_to_start(
     error = capsys.readouterr().err
     assert "AGUI_TOKENS_FILE" in error and "line 2" in error
     assert "pasted-a-token-by-mistake" not in error
+
+
+def test_the_documented_example_file_parses() -> None:
+    """docs/thread-view.md's example, trailing comment included, is a valid file."""
+    doc = (Path(__file__).parents[2] / "docs" / "thread-view.md").read_text()
+    example = doc.split("## Tokens file", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    tokens = TenantTokens.parse(example, "docs")
+    assert [tenant for _, tenant in tokens.entries] == ["acme", "acme", "globex"]
+    assert tokens.tenant_for("Bearer globex-token") == "globex"

@@ -12,7 +12,14 @@ from ag_ui.core import RunAgentInput
 
 from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import ApiResponse, ReadProgress, ThreadApi
-from processors.view.thread_view import Missing, RunStatus, ThreadView
+from processors.view.thread_view import (
+    Cursors,
+    Missing,
+    Page,
+    RunStatus,
+    ThreadView,
+    thread_key,
+)
 from tests.view_helpers import History, assistant, continued, feed, user
 from topics.records import HistoryMessage, HistoryRun
 
@@ -26,6 +33,7 @@ REASONING = {"id": "m2", "role": "reasoning", "content": "step by step",
 TOOL_CALL = {"id": "m3", "role": "assistant", "toolCalls": [
     {"id": "c1", "type": "function",
      "function": {"name": "search", "arguments": "{\"q\": 1}"}, "encryptedValue": "zz"}]}
+T1 = thread_key("acme", "t1")
 TOOL_RESULT = {"id": "m4", "role": "tool", "toolCallId": "c1", "content": "found"}
 
 
@@ -49,6 +57,11 @@ def messages(api: ThreadApi, authorization: str | None = ACME, thread: str = "t1
 def runs(api: ThreadApi, authorization: str | None = ACME, thread: str = "t1",
          **query: str) -> ApiResponse:
     return asyncio.run(api.runs(authorization, thread, query))
+
+
+def run(api: ThreadApi, run_id: str, authorization: str | None = ACME, thread: str = "t1",
+        **query: str) -> ApiResponse:
+    return asyncio.run(api.run(authorization, thread, run_id, query))
 
 
 def test_messages_are_what_the_next_run_takes() -> None:
@@ -145,16 +158,23 @@ def test_another_tenants_thread_is_not_found_like_a_thread_nobody_has(route: Any
     assert route(api(), ACME, "").status == 404
 
 
-@pytest.mark.parametrize("query", [{"min_offset": "-1"}, {"min_offset": "x"},
-                                   {"min_offset": "\uff11"}, {"min_offset": str(2**63)},
-                                   {"min_offset": ""}, {"limit": "3"}])
-def test_bad_parameters_are_400(query: dict[str, str]) -> None:
-    assert messages(api(), **query).status == 400
-    assert runs(api(), **query).status == 400
+@pytest.mark.parametrize("query", [
+    {"min_offset": "-1"}, {"min_offset": "x"}, {"min_offset": "\uff11"},
+    {"min_offset": str(2**63)}, {"min_offset": ""}, {"min_offset": "9" * 5000},
+    {"limit": "0"}, {"limit": "1001"}, {"limit": "1" * 5000}, {"order": "up"},
+    {"after": ""}, {"before": ""}, {"run": ""}, {"wait": "1"}])
+def test_bad_parameters_are_400_with_a_code(query: dict[str, str]) -> None:
+    for response in (messages(api(), **query), runs(api(), **query)):
+        assert response.status == 400 and response.body["code"] == "bad_parameter"
 
 
-def test_runs_takes_no_after() -> None:
-    assert runs(api(), after="m1").status == 400
+def test_every_error_names_a_stable_code() -> None:
+    assert messages(api(), None).body["code"] == "unauthorized"
+    assert messages(api(None)).body["code"] == "api_disabled"
+    assert messages(api(), thread="t9").body["code"] == "thread_not_found"
+    assert messages(api(), after="nope").body["code"] == "cursor_not_found"
+    assert messages(api(max_wait=0.0), run="r9").body["code"] == "wait_timeout"
+    assert run(api(), "r9").body["code"] == "run_not_found"
 
 
 def test_a_min_offset_already_read_answers_at_once() -> None:
@@ -178,7 +198,7 @@ def test_a_request_waits_until_the_view_reads_its_min_offset() -> None:
         records = history.run("t1", "r3", [user("m7")])
         for record in records:  # one wake per record, as the agent would
             feed(view, [record])
-            thread_api.progress.advanced()
+            thread_api.progress.advanced(T1)
             await asyncio.sleep(0)
         return await asyncio.wait_for(request, 1.0)  # woken, not timed out
 
@@ -200,7 +220,7 @@ def test_a_request_for_a_run_waits_for_its_closing_record() -> None:
             await asyncio.sleep(0)
             assert not request.done()  # not before the closing record
             feed(view, [record])
-            thread_api.progress.advanced()
+            thread_api.progress.advanced(T1)
         return await asyncio.wait_for(request, 1.0)
 
     response = asyncio.run(scenario())
@@ -226,7 +246,7 @@ def test_a_failed_run_ends_the_wait_at_its_closing_record() -> None:
         assert not request.done()
         feed(view, history.run("t1", "r3", [], outcome="failed",
                                failure={"code": "orphan_event"}))
-        thread_api.progress.advanced()
+        thread_api.progress.advanced(T1)
         return await asyncio.wait_for(request, 1.0)
 
     response = asyncio.run(scenario())
@@ -249,11 +269,11 @@ def test_a_run_waits_for_the_content_records_its_closing_record_counts() -> None
         request = asyncio.create_task(thread_api.messages(ACME, "t1", {"run": "r3"}))
         for record in (first, closing):
             feed(view, [record])
-            thread_api.progress.advanced()
+            thread_api.progress.advanced(T1)
             await asyncio.sleep(0)
             assert not request.done()
         feed(view, [last])
-        thread_api.progress.advanced()
+        thread_api.progress.advanced(T1)
         return await asyncio.wait_for(request, 1.0)
 
     response = asyncio.run(scenario())
@@ -284,32 +304,54 @@ def test_a_run_not_in_the_view_in_time_is_503_and_an_empty_run_400() -> None:
 def test_read_progress_wakes_every_waiter_and_only_when_reached() -> None:
     async def scenario() -> list[bool]:
         progress, offset = ReadProgress(), [0]
-        waiters = [asyncio.create_task(progress.wait_until(lambda n=n: offset[0] >= n, 30.0))
-                   for n in (1, 2)]
+        deadline = asyncio.get_running_loop().time() + 30.0
+        waiters = [asyncio.create_task(
+            progress.wait_until(T1, lambda n=n: offset[0] >= n, deadline)) for n in (1, 2)]
         await asyncio.sleep(0)
         offset[0] = 1
-        progress.advanced()
+        progress.advanced(T1)
         await asyncio.sleep(0)
         assert waiters[0].done() and not waiters[1].done()
         offset[0] = 2
-        progress.advanced()
+        progress.advanced(T1)
         return list(await asyncio.wait_for(asyncio.gather(*waiters), 1.0))
 
     assert asyncio.run(scenario()) == [True, True]
 
 
+def test_a_waiter_is_woken_only_by_its_own_thread_s_records() -> None:
+    async def scenario() -> int:
+        progress, checks = ReadProgress(), [0]
+
+        def reached() -> bool:
+            checks[0] += 1
+            return False
+
+        deadline = asyncio.get_running_loop().time() + 30.0
+        waiter = asyncio.create_task(progress.wait_until(T1, reached, deadline))
+        await asyncio.sleep(0)
+        for _ in range(100):  # another thread's records, on the same partition or not
+            progress.advanced(thread_key("acme", "t2"))
+            await asyncio.sleep(0)
+        progress.advanced(T1)
+        await asyncio.sleep(0)
+        waiter.cancel()
+        return checks[0]
+
+    assert asyncio.run(scenario()) == 2  # once at first, once for its thread
+
+
 class BrokenReader:
-    def messages(self, tenant: str, thread_id: str,
-                 after: str | None = None) -> list[dict[str, Any]] | Missing:
+    def message_page(self, tenant: str, thread_id: str, cursors: Cursors) -> Page | Missing:
         raise ValueError(REASONING["content"])  # as a JSON error could
 
-    def runs(self, tenant: str, thread_id: str) -> list[dict[str, Any]] | Missing:
+    def run_page(self, tenant: str, thread_id: str, cursors: Cursors) -> Page | Missing:
         raise ValueError(REASONING["content"])  # as a JSON error could
 
     def unechoed_runs(self, tenant: str, thread_id: str) -> int:
         return 0
 
-    def read_offset(self, partition: int) -> int:
+    def thread_offset(self, tenant: str, thread_id: str) -> int | None:
         return 0
 
     def partition_for(self, tenant: str, thread_id: str) -> int:

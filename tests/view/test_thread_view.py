@@ -19,6 +19,7 @@ from processors.view.thread_view import (
     history_partition,
     message_index_key,
     message_key,
+    read_offset_key,
     run_key,
     thread_key,
 )
@@ -30,12 +31,13 @@ from tests.view_helpers import (
     Store,
     as_input,
     assistant,
+    closing_value,
     continued,
     feed,
     removed,
     user,
 )
-from topics.records import HistoryMessage, HistoryRun
+from topics.records import HistoryErasure, HistoryMessage, HistoryRun
 
 DAY = 86_400.0
 
@@ -630,3 +632,60 @@ def test_any_record_is_applied_or_counted_never_raised(
     messages = view.messages("acme", "t1")
     assert isinstance(messages, list) or messages is Missing.THREAD
 
+
+
+def test_apply_names_the_thread_each_record_concerned() -> None:
+    """What wakes the API's waiters: the thread's key, for a record of it (a duplicate
+    or an ignored one too), nothing for a replay or a record of no thread."""
+    history = History()
+    view = ThreadView({}, partitions=1, retention_seconds=RETENTION)
+    records = history.run("t1", "r1", [user("m1")])
+    assert [view.apply(record) for record in records] == [thread_key("acme", "t1")] * 2
+    assert view.apply(records[0]) is None  # a replay: offset already read
+    assert view.apply(history.record(b"acme/", closing_value("acme", None, None))) is None
+    assert view.apply(history.record(b"acme/t1", b"not json")) is None
+
+
+def test_an_erasure_deletes_every_entry_of_its_thread_and_only_those() -> None:
+    store, history = Store(), History()
+    view = store.view()
+    feed(view, history.run("t1", "r1", [user("m1"), assistant("m2")]))
+    feed(view, history.run("t2", "r2", [user("m3")]))
+    store.commit(view)
+    kept = {key: value for key, value in store.data.items()
+            if thread_key("acme", "t1") not in key}
+    feed(view, [history.record(b"acme/t1", HistoryErasure(
+        tenant="acme", threadId="t1", erasedAt=T0).to_bytes())])
+    store.commit(view)
+    offset = history.offset - 1
+    assert store.data == {**kept, read_offset_key(0): offset.to_bytes(8, "big")}
+    assert view.messages("acme", "t1") is Missing.THREAD
+    assert view.messages("acme", "t2") == [user("m3")]
+    assert view.counts.erased_threads == 1
+    feed(view, history.run("t1", "r3", [user("m4")]))  # later records start it afresh
+    assert view.messages("acme", "t1") == [user("m4")]
+
+
+def test_what_was_read_mid_recovery_is_read_again_once_the_table_has_recovered() -> None:
+    """A partition's offset and the expiry index read while the table was still being
+    restored (the lag timer, a request) are stale; the worker calls `forget()` again
+    when the table's recovery ends (view_service, `on_recover`), and both are exact."""
+    written, history = Store(), History()
+    view = written.view()
+    feed(view, history.run("early", "r1", [user("m1")], at=T0))
+    feed(view, history.run("late", "r2", [user("m2")], at=T0))
+    written.commit(view)
+    # The new owner's table, half restored: only the first thread's entries so far.
+    restoring = Store()
+    restoring.data = {key: value for key, value in written.data.items()
+                      if thread_key("acme", "late") not in key and key[:1] != b"P"}
+    recovering = restoring.view()
+    recovering.forget()  # the partitions moved
+    assert recovering.read_offset(0) == NOTHING_READ  # stale, cached
+    assert recovering.threads_held([0]) == 1  # the expiry index, built once, stale
+    restoring.data = dict(written.data)  # recovery ends
+    recovering.forget()  # the table's recovery callback
+    assert recovering.read_offset(0) == view.read_offset(0)
+    assert recovering.threads_held([0]) == 2
+    recovering.expire(0, T0 / 1000 + RETENTION + 1)
+    assert recovering.counts.expired_threads == 2  # the late-restored thread expires too
