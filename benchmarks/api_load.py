@@ -18,6 +18,8 @@ backlog of N (``--events``, 200,000) events of interleaved runs
   10 s wait); and S (``--slow``, 300) slow connections, each sending half a
   request line and connecting again once the worker closes it.
 
+``--unit-costs`` instead measures an idle worker's CPU per request of each kind.
+
 The worker's rate is its ``agui_events_total`` per second between 30 % and 100 %
 of the backlog (the load is in place by 30 %), from its /metrics every 0.25 s.
 Printed: both rates and their ratio, the worker's CPU per 1,000 events (the load
@@ -39,6 +41,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from service_bench import broker, cpu_seconds, delete_topics, log_problems, metric_value
 
@@ -61,14 +64,14 @@ class Load:
         self.stop = asyncio.Event()
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(self._waiter(n)) for n in range(self.waiters)]
-        tasks += [asyncio.create_task(self._slow()) for _ in range(self.slow)]
+        tasks = [asyncio.create_task(self.waiter(n)) for n in range(self.waiters)]
+        tasks += [asyncio.create_task(self.slow_connection()) for _ in range(self.slow)]
         await self.stop.wait()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _waiter(self, number: int) -> None:
+    async def waiter(self, number: int) -> None:
         tenant = TENANTS[number % len(TENANTS)]
         request = (f"GET /v1/threads/{tenant}-thread/messages?run=never-{number} HTTP/1.1\r\n"
                    f"Host: x\r\nAuthorization: Bearer {tenant}-token\r\n\r\n").encode()
@@ -83,7 +86,7 @@ class Load:
                 self.waiter_answers["connection closed"] += 1
                 await asyncio.sleep(0.1)
 
-    async def _slow(self) -> None:
+    async def slow_connection(self) -> None:
         while True:
             try:
                 reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
@@ -205,6 +208,59 @@ def _answers(worker: Worker, tenant: str) -> bool:
         return False
 
 
+async def unit_costs(worker: Worker, waiters: int, slow: int) -> None:
+    """An idle worker's CPU per request of each kind: a normal GET, a request that
+    waits out the 10 s, a slow connection closed by the request timeout; less what
+    the idle worker spends meanwhile (its timers, heartbeats)."""
+    assert worker.process is not None
+    pid = worker.process.pid
+
+    async def measured(work: Any) -> tuple[float, float]:
+        before, started = cpu_seconds(pid), time.perf_counter()
+        await work
+        return cpu_seconds(pid) - before, time.perf_counter() - started
+
+    request = (f"GET /v1/threads/{TENANTS[0]}-thread/messages HTTP/1.1\r\nHost: x\r\n"
+               f"Authorization: Bearer {TENANTS[0]}-token\r\n\r\n").encode()
+
+    async def gets(count: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", worker.port)
+        for _ in range(count):
+            writer.write(request)
+            await read_answer(reader)
+        writer.close()
+
+    async def waiting(count: int) -> None:
+        load = Load(worker.port, 0, 0)
+        tasks = [asyncio.create_task(load.waiter(n)) for n in range(count)]
+        while sum(load.waiter_answers.values()) < count:
+            await asyncio.sleep(0.1)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def slow_ones(count: int) -> None:
+        load = Load(worker.port, 0, 0)
+        tasks = [asyncio.create_task(load.slow_connection()) for _ in range(count)]
+        while len(load.held_seconds) < count:
+            await asyncio.sleep(0.1)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    await gets(200)  # warm-up
+    idle_cpu, idle_seconds = await measured(asyncio.sleep(20))
+    idle = idle_cpu / idle_seconds
+    print(f"  the idle worker itself: {idle:.1%} of a core")
+    for what, count, work in (
+            ("GET …/messages (one keep-alive connection)", 2000, gets(2000)),
+            ("a ?run= request that waits 10 s, then 503", waiters, waiting(waiters)),
+            ("a slow connection, closed after 10 s", slow, slow_ones(slow))):
+        cpu, seconds = await measured(work)
+        print(f"  {what:44} {(cpu - idle * seconds) / count * 1e6:8,.0f} µs of worker CPU"
+              f" each ({count:,} in {seconds:.1f} s)")
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
@@ -212,6 +268,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--slow", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--unit-costs", action="store_true",
+                        help="only an idle worker's CPU per request of each kind")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     setup = [generate_run(rng, f"{tenant}-thread", 1) for tenant in TENANTS]
@@ -226,6 +284,22 @@ def main(argv: Iterable[str] | None = None) -> int:
           f" waiters, {args.slow} slow connections when loaded")
     prefixes: list[str] = []
     with broker() as bootstrap:
+        if args.unit_costs:
+            ns = Namespace(bootstrap)
+            prefixes.append(ns.prefix)
+            ns.create_topics()
+            produce(bootstrap, ns.events, records[:sum(len(r.events) for r in setup)])
+            worker = Worker(ns, log_dir, name="idle", AGUI_STORE="memory://",
+                            AGUI_TOKENS_FILE=str(tokens), AGUI_API_MAX_CONNECTIONS="2000")
+            worker.start()
+            try:
+                wait_for(lambda: all(_answers(worker, tenant) for tenant in TENANTS), 120,
+                         "every tenant's thread in the view", worker.log_tail)
+                asyncio.run(unit_costs(worker, args.waiters, args.slow))
+            finally:
+                worker.stop()
+                delete_topics(bootstrap, prefixes)
+            return 0
         try:
             for round_number in range(args.rounds):
                 print(f"round {round_number + 1}:")
