@@ -29,9 +29,13 @@ DOCUMENTED: Final = (
     ("KAFKA_SASL_MECHANISM", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (SASL protocols)"),
     ("KAFKA_SASL_USERNAME", "", "SASL user (SASL protocols)"),
     ("KAFKA_SASL_PASSWORD", "", "SASL password (SASL protocols; never logged)"),
+    ("KAFKA_SASL_PASSWORD_FILE", "", "file holding the SASL password, instead of"
+     " KAFKA_SASL_PASSWORD (a mounted Kubernetes Secret); one trailing newline ignored"),
     ("KAFKA_SSL_CAFILE", "", "CA bundle to verify the brokers (SSL protocols)"),
     ("KAFKA_SSL_CERTFILE", "", "client certificate for mutual TLS (optional)"),
     ("KAFKA_SSL_KEYFILE", "", "client key for mutual TLS (optional)"),
+    ("KAFKA_SSL_KEY_PASSWORD_FILE", "", "file holding the password of an encrypted"
+     " KAFKA_SSL_KEYFILE"),
     ("AGUI_APP_ID", "agui-stream", "consumer group id and prefix of internal topics"),
     ("AGUI_INPUT_TOPICS", "agui.events", "raw event topics, comma-separated"),
     ("AGUI_INPUT_PATTERN", "", "regex of raw event topics (instead of AGUI_INPUT_TOPICS)"),
@@ -94,6 +98,7 @@ class Settings:
     ssl_cafile: str | None
     ssl_certfile: str | None
     ssl_keyfile: str | None
+    ssl_key_password: str | None = field(repr=False)  # a secret: never in a repr or a log
     app_id: str
     input_topics: tuple[str, ...]
     input_pattern: str | None
@@ -141,14 +146,17 @@ class Settings:
         protocol = _choice("KAFKA_SECURITY_PROTOCOL", get("KAFKA_SECURITY_PROTOCOL").upper(),
                            SECURITY_PROTOCOLS)
         mechanism = optional("KAFKA_SASL_MECHANISM")
-        username, password = optional("KAFKA_SASL_USERNAME"), optional("KAFKA_SASL_PASSWORD")
+        username = optional("KAFKA_SASL_USERNAME")
+        password = _secret(optional("KAFKA_SASL_PASSWORD"), "KAFKA_SASL_PASSWORD_FILE",
+                           optional("KAFKA_SASL_PASSWORD_FILE"))
         if protocol.startswith("SASL_"):
             if mechanism is None:
                 raise ConfigError(f"KAFKA_SASL_MECHANISM is required with {protocol}")
             _choice("KAFKA_SASL_MECHANISM", mechanism.upper(), SASL_MECHANISMS)
             if username is None or password is None:
                 raise ConfigError(
-                    f"KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD are required with {protocol}"
+                    f"KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD (or KAFKA_SASL_PASSWORD_FILE)"
+                    f" are required with {protocol}"
                 )
         for name in ("KAFKA_SSL_CAFILE", "KAFKA_SSL_CERTFILE", "KAFKA_SSL_KEYFILE",
                      "AGUI_TOKENS_FILE"):
@@ -192,6 +200,8 @@ class Settings:
             ssl_cafile=optional("KAFKA_SSL_CAFILE"),
             ssl_certfile=optional("KAFKA_SSL_CERTFILE"),
             ssl_keyfile=optional("KAFKA_SSL_KEYFILE"),
+            ssl_key_password=_secret(None, "KAFKA_SSL_KEY_PASSWORD_FILE",
+                                     optional("KAFKA_SSL_KEY_PASSWORD_FILE")),
             app_id=_non_empty("AGUI_APP_ID", get("AGUI_APP_ID")),
             input_topics=topics,
             input_pattern=pattern,
@@ -254,6 +264,27 @@ class Settings:
     @property
     def broker_url(self) -> str:
         return ";".join(f"kafka://{server}" for server in self.bootstrap_servers)
+
+
+def _secret(value: str | None, file_name: str, path: str | None) -> str | None:
+    """A secret given in the environment, or in the file `path` names (what a mounted
+    Kubernetes Secret gives): its text less one trailing newline. Errors name the
+    variable and the path, never the content."""
+    if path is None:
+        return value
+    variable = file_name.removesuffix("_FILE")
+    if value is not None:
+        raise ConfigError(f"set {variable} or {file_name}, not both")
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{file_name}={path!r}: cannot be read"
+                          f" ({type(error).__name__})") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise ConfigError(f"{file_name}={path!r}: the file is empty")
+    return text
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> str:

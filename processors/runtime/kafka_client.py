@@ -15,8 +15,14 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
         return None
     context = ssl.create_default_context(cafile=settings.ssl_cafile)
     if settings.ssl_certfile is not None:
-        context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+        # Never OpenSSL's prompt on the terminal for an encrypted key without a password.
+        context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile,
+                                settings.ssl_key_password or _no_password)
     return context
+
+
+def _no_password() -> str:
+    return ""
 
 
 def aiokafka_options(settings: Settings) -> dict[str, Any]:

@@ -19,7 +19,8 @@ VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 # The documented configuration variables (README / issue 4).
 DOCUMENTED_ENV = {name for name, _default, _meaning in DOCUMENTED}
-SECRET_ENV = {"KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
+SECRET_ENV = {"KAFKA_SASL_USERNAME"}
+SECRET_FILES = ("KAFKA_SSL_CAFILE", "KAFKA_SASL_PASSWORD_FILE")  # mounted from the Secret
 
 
 def load(path: Path) -> list[dict]:
@@ -158,10 +159,13 @@ def test_configuration_comes_from_configmap_and_secret() -> None:
         for ref in from_secret.values():
             assert ref["name"] == secret["metadata"]["name"]
             assert ref["key"] in secret["stringData"]
+    assert "KAFKA_SASL_PASSWORD" not in config["data"]  # the password only as a file
     tls = {v["name"]: v for v in pod_spec()["volumes"]}["kafka-tls"]["secret"]
     assert tls["secretName"] == secret["metadata"]["name"]
     mount = {m["name"]: m["mountPath"] for m in worker()["volumeMounts"]}["kafka-tls"]
-    assert config["data"]["KAFKA_SSL_CAFILE"].startswith(mount + "/")
+    mounted = {f"{mount}/{item['path']}": item["key"] for item in tls["items"]}
+    for variable in SECRET_FILES:
+        assert mounted[config["data"][variable]] in secret["stringData"], variable
 
 
 def test_services_and_pdb_select_the_workers() -> None:
