@@ -266,6 +266,17 @@ class Settings:
         return ";".join(f"kafka://{server}" for server in self.bootstrap_servers)
 
 
+def read_setting_file(variable: str, path: str) -> str:
+    """The text of the file a setting names; a `ConfigError` naming the variable, the
+    path and the kind of failure, never the content."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{variable}={path!r}: cannot be read"
+                          f" ({type(error).__name__})") from None
+
+
 def _secret(value: str | None, file_name: str, path: str | None) -> str | None:
     """A secret given in the environment, or in the file `path` names (what a mounted
     Kubernetes Secret gives): its text less one trailing newline. Errors name the
@@ -275,13 +286,7 @@ def _secret(value: str | None, file_name: str, path: str | None) -> str | None:
     variable = file_name.removesuffix("_FILE")
     if value is not None:
         raise ConfigError(f"set {variable} or {file_name}, not both")
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{file_name}={path!r}: cannot be read"
-                          f" ({type(error).__name__})") from None
-    text = text.removesuffix("\n").removesuffix("\r")
+    text = read_setting_file(file_name, path).removesuffix("\n").removesuffix("\r")
     if not text:
         raise ConfigError(f"{file_name}={path!r}: the file is empty")
     return text

@@ -25,7 +25,7 @@ import hmac
 import re
 from typing import Final
 
-from processors.config import ConfigError
+from processors.config import ConfigError, read_setting_file
 
 # A comment may follow the digest, after whitespace.
 _LINE: Final = re.compile(r"(\S+)\s+sha256:([0-9a-fA-F]{64})(?:\s+#.*)?")
@@ -54,13 +54,7 @@ class TenantTokens:
     def load(cls, path: str) -> TenantTokens:
         """Read a tokens file; a `ConfigError` names the path and, for a malformed
         line, its number (never its content: it could be a token pasted by mistake)."""
-        try:
-            with open(path, encoding="utf-8") as file:
-                text = file.read()
-        except (OSError, UnicodeDecodeError) as error:
-            raise ConfigError(f"AGUI_TOKENS_FILE={path!r}: cannot be read"
-                              f" ({type(error).__name__})") from None
-        return cls.parse(text, path)
+        return cls.parse(read_setting_file("AGUI_TOKENS_FILE", path), path)
 
     @classmethod
     def parse(cls, text: str, source: str) -> TenantTokens:
