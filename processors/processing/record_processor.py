@@ -257,9 +257,7 @@ class RecordProcessor:
             part = None if cached is None else self._partitions.get(cached.partition)
             if (cached is not None and part is not None and not cached.freed
                     and cached.engine.state.run is None and state_key not in part.dirty):
-                del self._cache[state_key]
-                part.keys.pop(state_key, None)
-                part.resting[state_key] = cached.last_seen
+                self._put_to_rest(state_key, part, cached.last_seen)
         self._resting.clear()
 
     def forget(self) -> None:
@@ -471,10 +469,15 @@ class RecordProcessor:
                 cached = self._load_for_sweep(state_key, partition, now, tick, out)
                 if (cached is not None and cached.engine.state.run is None
                         and state_key not in part.dirty):
-                    del self._cache[state_key]  # at rest: known, not held
-                    part.keys.pop(state_key, None)
-                    part.resting[state_key] = now
+                    self._put_to_rest(state_key, part, now)
         return list(part.keys)
+
+    def _put_to_rest(self, state_key: bytes, part: _Partition, last_seen: float) -> None:
+        """The key leaves memory (the store holds it); only when it was last seen stays,
+        for the sweep."""
+        del self._cache[state_key]
+        part.keys.pop(state_key, None)
+        part.resting[state_key] = last_seen
 
     def _load_for_sweep(self, state_key: bytes, partition: int, last_seen: float,
                         tick: Incoming, out: list[Outgoing]) -> CachedKey | None:

@@ -301,14 +301,16 @@ class ThreadView:
                 return None
             when = (int(self.clock() * 1000) if record.timestamp is None
                     else record.timestamp)
-            outcome = self._apply(part, record, parsed, parsed.thread_id, parsed.run_id, when)
+            thread = thread_key(parsed.tenant, parsed.thread_id)
+            outcome = self._apply(part, record, parsed, thread, parsed.thread_id,
+                                  parsed.run_id, when)
             if outcome is Fold.IGNORED:
                 self.counts.ignored += 1
             elif outcome is _DUPLICATE:
                 self.counts.duplicates += 1
             else:
                 self.counts.applied += 1
-            return thread_key(parsed.tenant, parsed.thread_id)
+            return thread
         except Exception as error:
             self.counts.unusable += 1
             log_exception_kind(log, logging.ERROR, "could not apply a history record to the"
@@ -443,11 +445,10 @@ class ThreadView:
     # --- internals -------------------------------------------------------------------
 
     def _apply(self, part: _Partition, record: Incoming, parsed: Content | Closing,
-               thread_id: str, run_id: str, when: int) -> object:
-        """Fold the record into its thread: `Fold.IGNORED` if it could not fold,
-        `_DUPLICATE` if its run had it already (only the thread's offset changes),
-        else None."""
-        thread = thread_key(parsed.tenant, thread_id)
+               thread: bytes, thread_id: str, run_id: str, when: int) -> object:
+        """Fold the record into its thread (`thread` is its `thread_key`): `Fold.IGNORED`
+        if it could not fold, `_DUPLICATE` if its run had it already (only the thread's
+        offset changes), else None."""
         header = self._header(thread) or ThreadHeader(parsed.tenant, thread_id,
                                                       record.partition, 0, 0, when, when)
         header.last_offset = record.offset  # what `min_offset` waits for, duplicate or not
