@@ -13,8 +13,10 @@ look for a thread in another partition than the producer put it in.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from aiokafka import errors
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -51,16 +53,39 @@ async def create_topics(settings: Settings, *, include_inputs: bool) -> list[str
         await admin.close()
 
 
+class TopicsNotCreated(Exception):
+    """The broker refused to create a topic; the message names each one and why."""
+
+
+TOPIC_AUTHORIZATION_FAILED = 29
+TOPIC_ALREADY_EXISTS = 36  # another worker created it a moment earlier
+
+
 async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
+    """Create the topics that do not exist yet; return the names created. The broker
+    answers each topic with its own error, which the admin client does not raise."""
     existing = set(await admin.list_topics())
     missing = [spec for spec in specs if spec.name not in existing]
-    if missing:
-        await admin.create_topics(
-            [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
-             for s in missing]
-        )
+    if not missing:
+        return []
+    response = await admin.create_topics(
+        [NewTopic(s.name, s.partitions, s.replication_factor, topic_configs=s.configs)
+         for s in missing]
+    )
+    refused = [f"topic {entry[0]}: " + _refusal(entry[1])
+               for entry in response.topic_errors
+               if entry[1] not in (0, TOPIC_ALREADY_EXISTS)]
+    if refused:
+        raise TopicsNotCreated("could not create " + "; ".join(refused))
     return [spec.name for spec in missing]
+
+
+def _refusal(error_code: int) -> str:
+    if error_code == TOPIC_AUTHORIZATION_FAILED:
+        return ("Kafka does not allow this principal to CREATE it (or to DESCRIBE it, if it"
+                " exists): grant the ACLs of docs/operations.md, or have an administrator"
+                " run agui-stream create-topics")
+    return str(errors.for_code(error_code).__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +98,11 @@ class TopicFacts:
     min_insync_replicas: int
 
 
-async def describe_topics(settings: Settings, names: list[str]) -> dict[str, TopicFacts]:
-    """The facts of each topic of `names` that exists; an absent one is left out."""
+async def describe_topics(settings: Settings, names: list[str],
+                          inputs: Collection[str] = ()) -> dict[str, TopicFacts]:
+    """The facts of each topic of `names` that exists; an absent one is left out. Of
+    the raw topics (`inputs`) only the partition count is read: the worker has no
+    right to their configurations (topics.acls)."""
     admin = AIOKafkaAdminClient(**aiokafka_options(settings))
     await admin.start()
     try:
@@ -82,7 +110,8 @@ async def describe_topics(settings: Settings, names: list[str]) -> dict[str, Top
                     if topic["error_code"] == 0}
         wanted = {"max.message.bytes": None, "min.insync.replicas": None}
         responses = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name, dict(wanted)) for name in metadata])
+            [ConfigResource(ConfigResourceType.TOPIC, name, dict(wanted))
+             for name in metadata if name not in inputs])
     finally:
         await admin.close()
     configs: dict[str, dict[str, str]] = {}
@@ -175,7 +204,7 @@ async def checked_topics(settings: Settings) -> tuple[list[str], dict[str, int]]
     outputs = [settings.history_topic, settings.deadletter_topic]
     internal = [idle_ticks_topic(settings.app_id),
                 *(changelog_topic(settings.app_id, table) for table in TABLE_NAMES)]
-    facts = await describe_topics(settings, [*inputs, *outputs, *internal])
+    facts = await describe_topics(settings, [*inputs, *outputs, *internal], inputs)
     limits = {name: record_limit(settings, facts[name]) for name in outputs if name in facts}
     return configuration_problems(settings, facts, inputs), limits
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from processors.config import ConfigError, Settings
-from processors.runtime.topic_admin import checked_topics, create_topics
+from processors.runtime.kafka_access import startup_problems
+from processors.runtime.topic_admin import TopicsNotCreated, create_topics
 from processors.safe_logging import JsonFormatter, TextFormatter
 
 log = logging.getLogger("agui_stream")
@@ -33,7 +34,11 @@ def run_create_topics() -> int:
     settings = load_settings()
     if settings is None:
         return 2
-    created = asyncio.run(create_topics(settings, include_inputs=True))
+    try:
+        created = asyncio.run(create_topics(settings, include_inputs=True))
+    except TopicsNotCreated as error:
+        sys.stderr.write(f"agui-stream: {error}\n")
+        return 2
     print(f"created: {', '.join(created) if created else 'nothing (all topics exist)'}")
     return 0
 
@@ -136,9 +141,8 @@ def run_worker() -> int:
     use_uvloop()
     logging_config = worker_logging(settings)
     logging.config.dictConfig(logging_config)
-    asyncio.run(create_topics(settings, include_inputs=False))
-    problems, limits = asyncio.run(checked_topics(settings))
-    if problems:  # topics that would break the guarantees: refuse, and say why
+    problems, limits = asyncio.run(startup_problems(settings))
+    if problems:  # no access, or topics that would break the guarantees: refuse, say why
         for problem in problems:
             sys.stderr.write(f"agui-stream: configuration error: {problem}\n")
         return 2
