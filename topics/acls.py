@@ -152,8 +152,19 @@ def agent_server_acls(layout: Layout, principal: str = AGENT_SERVER) -> list[Acl
             for name, pattern in _input_resources(layout)]
 
 
-def deployment_acls(layout: Layout) -> list[Acl]:
-    return [*worker_acls(layout), *history_service_acls(layout), *agent_server_acls(layout)]
+def acl_document(layout: Layout, *, worker: str = WORKER,
+                 history_service: str = HISTORY_SERVICE,
+                 history_group: str = HISTORY_SERVICE_GROUP,
+                 agent_server: str = AGENT_SERVER, markdown: bool = False) -> str:
+    """The ACLs of a deployment: `kafka-acls.sh` commands, or (`markdown`) the table and
+    the commands that `docs/operations.md` shows."""
+    acls = [*worker_acls(layout, worker),
+            *history_service_acls(layout, history_service, history_group),
+            *agent_server_acls(layout, agent_server)]
+    commands = kafka_acls_commands(acls)
+    if not markdown:
+        return commands
+    return f"{acl_table(acls)}\n\n```\n{commands}\n```"
 
 
 def _input_resources(layout: Layout) -> list[tuple[str, Pattern]]:

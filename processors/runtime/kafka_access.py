@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from aiokafka import errors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
+from aiokafka.protocol.admin import DescribeGroupsResponse_v3
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
@@ -46,6 +47,7 @@ from topics.acls import Acl, Layout, Pattern, Resource, kafka_acls_commands
 from topics.acls import worker_acls as layout_acls
 
 CONNECT_TIMEOUT_MS = 10_000
+COORDINATOR_WAIT_SECONDS = 30.0
 ACCESS_CHECK_SUFFIX = "access-check"
 
 # Kafka's error codes an access check tells apart (org.apache.kafka.common.protocol.Errors).
@@ -232,6 +234,27 @@ class _TopicOperations(Request[_MetadataRequestV8]):  # type: ignore[misc]
         return request_struct_class(self._topics, False, False, True)
 
 
+class _DescribeGroupsRequestV3(RequestStruct):  # type: ignore[misc]
+    API_KEY = 15
+    API_VERSION = 3
+    RESPONSE_TYPE = DescribeGroupsResponse_v3  # aiokafka's own v3 struct decodes it as v2
+    SCHEMA = Schema(("groups", Array(String("utf-8"))),
+                    ("include_authorized_operations", Boolean))
+
+
+class _GroupOperations(Request[_DescribeGroupsRequestV3]):  # type: ignore[misc]
+    """DescribeGroups v3 (Kafka 2.3+): the group's operations the caller may perform."""
+
+    API_KEY = 15
+
+    def __init__(self, group: str) -> None:
+        self._group = group
+
+    def build(self, request_struct_class: type[_DescribeGroupsRequestV3]
+              ) -> _DescribeGroupsRequestV3:
+        return request_struct_class([self._group], True)
+
+
 async def missing_acls(settings: Settings, inputs: list[str]) -> list[Acl]:
     """The entries of `worker_acls` the broker does not grant this worker's principal.
     `inputs`: the raw topics it reads now. A topic that does not exist yet is not
@@ -285,15 +308,29 @@ async def _topic_operations(admin: AIOKafkaAdminClient,
     return {topic[1]: (topic[0], topic[4]) for topic in response.topics}
 
 
+async def _coordinator(admin: AIOKafkaAdminClient, key: str, kind: int) -> int:
+    """The coordinator of a group (`kind` 0) or transactional id (1). On a new cluster
+    the coordinators' topics are still being created: wait for them, within bounds."""
+    deadline = asyncio.get_running_loop().time() + COORDINATOR_WAIT_SECONDS
+    pause = 0.1
+    while True:
+        try:
+            return int(await admin.find_coordinator(key, coordinator_type=kind))
+        except errors.KafkaError as error:
+            if not error.retriable or asyncio.get_running_loop().time() > deadline:
+                raise
+        await asyncio.sleep(pause)  # the broker is creating the coordinator's topic
+        pause = min(pause * 2, 1.0)
+
+
 async def _group_allows(admin: AIOKafkaAdminClient, acl: Acl) -> bool:
     try:
-        described = await admin.describe_consumer_groups(
-            [acl.name], include_authorized_operations=True)
+        node = await _coordinator(admin, acl.name, 0)
     except errors.GroupAuthorizationFailedError:
         return False
-    groups = [group for response in described for group in response.groups]
+    response = await admin._send_request_to_node(node, _GroupOperations(acl.name))
     return all(group[0] != GROUP_AUTHORIZATION_FAILED and group[-1] >> acl.operation & 1
-               for group in groups)
+               for group in response.groups)
 
 
 async def _may_write_transactions(admin: AIOKafkaAdminClient, settings: Settings) -> bool:
@@ -302,7 +339,7 @@ async def _may_write_transactions(admin: AIOKafkaAdminClient, settings: Settings
     same one every start), which the broker expires."""
     transactional_id = f"{layout(settings).internal_prefix}{ACCESS_CHECK_SUFFIX}"
     try:
-        node = await admin.find_coordinator(transactional_id, coordinator_type=1)
+        node = await _coordinator(admin, transactional_id, 1)
     except errors.TransactionalIdAuthorizationFailed:
         return False
     response = await admin._send_request_to_node(

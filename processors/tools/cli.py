@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from topics.acls import AGENT_SERVER, HISTORY_SERVICE, HISTORY_SERVICE_GROUP, WORKER
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -43,6 +45,23 @@ def build_parser() -> argparse.ArgumentParser:
         "that gives it to TENANT in the tokens file. The token itself is not printed.",
     )
     hash_token.add_argument("tenant", help="the tenant the token authenticates")
+    acls = commands.add_parser(
+        "acls",
+        help="print the Kafka ACLs of a deployment (kafka-acls.sh commands) for the settings",
+        description="Print the least-privilege ACLs of the workers, the history service and "
+        "the agent servers for the topic names of the current settings (environment), as "
+        "kafka-acls.sh commands, or as the Markdown of docs/operations.md. A worker checks "
+        "its own at start.",
+    )
+    acls.add_argument("--worker", default=WORKER, help=f"workers' principal ({WORKER})")
+    acls.add_argument("--history-service", default=HISTORY_SERVICE,
+                      help=f"history service's principal ({HISTORY_SERVICE})")
+    acls.add_argument("--history-group", default=HISTORY_SERVICE_GROUP,
+                      help=f"history service's consumer group ({HISTORY_SERVICE_GROUP})")
+    acls.add_argument("--agent-server", default=AGENT_SERVER,
+                      help=f"agent servers' principal ({AGENT_SERVER})")
+    acls.add_argument("--markdown", action="store_true",
+                      help="a table with why each is needed, then the commands")
     return parser
 
 
@@ -66,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args.replay_only)
     if args.command == "hash-token":
         return _hash_token(args.tenant)
+    if args.command == "acls":
+        return _print_acls(args)
     raise AssertionError(args.command)  # argparse rejects unknown commands
 
 
@@ -76,6 +97,22 @@ def _hash_token(tenant: str) -> int:
         print(token_line(tenant, sys.stdin.readline().rstrip("\r\n")))
     except ValueError as error:
         print(f"agui-stream hash-token: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _print_acls(args: argparse.Namespace) -> int:
+    from processors.config import ConfigError, Settings
+    from processors.runtime.kafka_access import layout
+    from topics.acls import acl_document
+
+    try:
+        print(acl_document(layout(Settings.from_env()), worker=args.worker,
+                           history_service=args.history_service,
+                           history_group=args.history_group, agent_server=args.agent_server,
+                           markdown=args.markdown))
+    except (ConfigError, ValueError) as error:
+        print(f"agui-stream acls: {error}", file=sys.stderr)
         return 2
     return 0
 
