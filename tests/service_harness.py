@@ -81,8 +81,8 @@ class Namespace:
         env.update(overrides)
         return env
 
-    def create_topics(self) -> None:
-        result = subprocess.run([AGUI_STREAM, "create-topics"], env=self.env(),
+    def create_topics(self, **env: str) -> None:
+        result = subprocess.run([AGUI_STREAM, "create-topics"], env=self.env(**env),
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
 
@@ -252,12 +252,15 @@ class Produced:
 
 
 def produce(bootstrap: str, topic: str,
-            records: Iterable[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> list[Produced]:
+            records: Iterable[tuple[bytes, bytes, list[tuple[str, bytes]]]],
+            security: dict[str, Any] | None = None) -> list[Produced]:
+    """`security`: aiokafka's TLS and SASL options (`secured_client`), for a secured
+    broker."""
     async def run() -> list[Produced]:
         # Idempotent: a retried batch (leader elections) must not duplicate input.
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5,
                                     enable_idempotence=True,
-                                    max_request_size=4_000_000)
+                                    max_request_size=4_000_000, **(security or {}))
         await producer.start()
         try:
             pending = []
@@ -287,8 +290,10 @@ class Consumed:
 class TopicReader:
     """Reads a topic from the beginning with read_committed, accumulating records."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int = 4) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int = 4,
+                 security: dict[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.security = security or {}
         self.topic = topic
         self.partitions = partitions
         self.records: list[Consumed] = []
@@ -298,7 +303,8 @@ class TopicReader:
         async def run() -> list[Consumed]:
             consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
                                         isolation_level="read_committed",
-                                        enable_auto_commit=False, auto_offset_reset="earliest")
+                                        enable_auto_commit=False, auto_offset_reset="earliest",
+                                        **self.security)
             await consumer.start()
             try:
                 tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]

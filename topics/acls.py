@@ -152,15 +152,20 @@ def agent_server_acls(layout: Layout, principal: str = AGENT_SERVER) -> list[Acl
             for name, pattern in _input_resources(layout)]
 
 
-def acl_document(layout: Layout, *, worker: str = WORKER,
-                 history_service: str = HISTORY_SERVICE,
-                 history_group: str = HISTORY_SERVICE_GROUP,
-                 agent_server: str = AGENT_SERVER, markdown: bool = False) -> str:
-    """The ACLs of a deployment: `kafka-acls.sh` commands, or (`markdown`) the table and
-    the commands that `docs/operations.md` shows."""
-    acls = [*worker_acls(layout, worker),
+def deployment_acls(layout: Layout, *, worker: str = WORKER,
+                    history_service: str = HISTORY_SERVICE,
+                    history_group: str = HISTORY_SERVICE_GROUP,
+                    agent_server: str = AGENT_SERVER) -> list[Acl]:
+    """Every principal's ACLs: the workers', the history service's, the agent servers'."""
+    return [*worker_acls(layout, worker),
             *history_service_acls(layout, history_service, history_group),
             *agent_server_acls(layout, agent_server)]
+
+
+def acl_document(layout: Layout, *, markdown: bool = False, **principals: str) -> str:
+    """The ACLs of a deployment: `kafka-acls.sh` commands, or (`markdown`) the table and
+    the commands that `docs/operations.md` shows."""
+    acls = deployment_acls(layout, **principals)
     commands = kafka_acls_commands(acls)
     if not markdown:
         return commands

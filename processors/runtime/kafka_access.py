@@ -29,7 +29,12 @@ from collections.abc import Iterable
 from aiokafka import errors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
-from aiokafka.protocol.admin import DescribeGroupsResponse_v3
+from aiokafka.protocol.admin import (
+    CreateAclsRequest,
+    DeleteAclsRequest,
+    DescribeAclsRequest,
+    DescribeGroupsResponse_v3,
+)
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.transaction import InitProducerIdRequest
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
@@ -345,6 +350,43 @@ async def _may_write_transactions(admin: AIOKafkaAdminClient, settings: Settings
     response = await admin._send_request_to_node(
         node, InitProducerIdRequest(transactional_id, 60_000))
     return bool(response.error_code != TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+
+
+ALLOW = 3  # Kafka's AclPermissionType.ALLOW
+
+
+def _acl_fields(acl: Acl) -> tuple[int, str, int, str, str, int, int]:
+    return (acl.resource, acl.name, acl.pattern, acl.principal, "*", acl.operation, ALLOW)
+
+
+async def change_acls(settings: Settings, acls: list[Acl], *, grant: bool) -> None:
+    """Grant (or revoke) `acls` with the settings' credentials (an administrator's),
+    and return once the broker's authorizer holds the change (DescribeAcls answers
+    from it): `agui-stream acls --apply` / `--revoke`."""
+    admin = AIOKafkaAdminClient(**aiokafka_options(settings),
+                                request_timeout_ms=CONNECT_TIMEOUT_MS)
+    await admin.start()
+    try:
+        change = CreateAclsRequest if grant else DeleteAclsRequest
+        for acl in acls:
+            response = await admin._send_request(change(*_acl_fields(acl)))
+            results = (response.creation_responses if grant
+                       else [result[:2] for result in response.filter_responses])
+            refused = [result for result in results if result[0] != 0]
+            if refused:
+                raise AclsNotChanged(f"Kafka refused to {'grant' if grant else 'revoke'}"
+                                     f" {acl} to {acl.principal}:"
+                                     f" {errors.for_code(refused[0][0]).__name__}")
+        for acl in acls:
+            while bool((await admin._send_request(
+                    DescribeAclsRequest(*_acl_fields(acl)))).resources) != grant:
+                await asyncio.sleep(0.05)  # the authorizer applies the metadata record
+    finally:
+        await admin.close()
+
+
+class AclsNotChanged(Exception):
+    """The broker refused to create or delete an ACL (the principal is no admin)."""
 
 
 def describe_missing(acls: list[Acl]) -> list[str]:

@@ -60,8 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"history service's consumer group ({HISTORY_SERVICE_GROUP})")
     acls.add_argument("--agent-server", default=AGENT_SERVER,
                       help=f"agent servers' principal ({AGENT_SERVER})")
-    acls.add_argument("--markdown", action="store_true",
-                      help="a table with why each is needed, then the commands")
+    output = acls.add_mutually_exclusive_group()
+    output.add_argument("--markdown", action="store_true",
+                        help="a table with why each is needed, then the commands")
+    output.add_argument("--apply", action="store_true",
+                        help="grant them on the broker of the settings, whose credentials"
+                        " must be an administrator's; return once the broker applies them")
+    output.add_argument("--revoke", action="store_true", help="take them away again")
     return parser
 
 
@@ -102,18 +107,25 @@ def _hash_token(tenant: str) -> int:
 
 
 def _print_acls(args: argparse.Namespace) -> int:
-    from processors.config import ConfigError, Settings
-    from processors.runtime.kafka_access import layout
-    from topics.acls import acl_document
+    import asyncio
 
+    from processors.config import ConfigError, Settings
+    from processors.runtime.kafka_access import AclsNotChanged, change_acls, layout
+    from topics.acls import acl_document, deployment_acls
+
+    principals = {"worker": args.worker, "history_service": args.history_service,
+                  "history_group": args.history_group, "agent_server": args.agent_server}
     try:
-        print(acl_document(layout(Settings.from_env()), worker=args.worker,
-                           history_service=args.history_service,
-                           history_group=args.history_group, agent_server=args.agent_server,
-                           markdown=args.markdown))
-    except (ConfigError, ValueError) as error:
+        settings = Settings.from_env()
+        if not (args.apply or args.revoke):
+            print(acl_document(layout(settings), markdown=args.markdown, **principals))
+            return 0
+        acls = deployment_acls(layout(settings), **principals)
+        asyncio.run(change_acls(settings, acls, grant=args.apply))
+    except (ConfigError, ValueError, AclsNotChanged) as error:
         print(f"agui-stream acls: {error}", file=sys.stderr)
         return 2
+    print(f"{'granted' if args.apply else 'revoked'} {len(acls)} ACLs")
     return 0
 
 
