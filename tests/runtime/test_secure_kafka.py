@@ -30,7 +30,6 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from processors.config import Settings
