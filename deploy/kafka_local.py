@@ -1024,9 +1024,9 @@ def start(
     """Start a detached broker (survives this process) and wait until it is ready.
 
     ``secure``: the secured broker (a ``SecureBrokerInfo`` is returned), with SCRAM users
-    ``admin`` and ``users``.  Idempotent: if a broker of the same kind already runs from
-    ``state_dir`` its info is returned.  On failure the state dir is kept for inspection
-    (``stop`` removes it).
+    ``admin`` and ``users`` (made when its state is new).  Idempotent: if a broker of the
+    same kind already runs from ``state_dir`` its info is returned.  On failure the state
+    dir is kept for inspection (``stop`` removes it).
     """
     state = (state_dir or default_state_dir()).resolve()
     running = is_running(state)
