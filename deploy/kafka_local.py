@@ -9,15 +9,31 @@ Command line::
 
     python deploy/kafka_local.py fetch
     python deploy/kafka_local.py start [--state-dir D] [--port P]   # detached
+    python deploy/kafka_local.py start --secure [--user NAME ...] [--state-dir D] [--port P]
+    python deploy/kafka_local.py secure-env --user NAME [--mtls] [--state-dir D]
     python deploy/kafka_local.py status [--state-dir D]
     python deploy/kafka_local.py stop [--state-dir D] [--keep]
 
 ``start`` prints ``KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:PORT`` once the broker answers.
 
+The secured broker (``--secure``) has no plaintext listener: SASL_SSL with SCRAM-SHA-512
+on PORT, SSL with required client certificates (mTLS) on a second port, and an SSL
+controller listener; a certificate CN=x is ``User:x``.  Only ACLs grant access
+(StandardAuthorizer; none are made); ``admin`` and the broker (``kafka-broker``) are
+super users.  At start ``openssl`` makes a CA, the broker's certificate and an admin
+client certificate in ``D/tls``; the SCRAM users (``admin`` and the ``--user``s, by
+default DEFAULT_USERS) get random passwords, kept in ``D/tls/users.json``.
+``secure-env`` prints the ``export`` lines of a worker's settings (the password in a
+0600 file, or ``--mtls`` for a client certificate)::
+
+    eval "$(python deploy/kafka_local.py secure-env --user agui-stream)"
+
 As a module (tests load it by file path)::
 
     with local_broker() as bootstrap:      # "127.0.0.1:PORT"
         ...
+    with local_secure_broker() as info:    # SecureBrokerInfo
+        env = worker_settings(info, "agui-stream")
 
 Environment:
     AGUI_KAFKA_VERSION  Kafka version to fetch/run (default: DEFAULT_KAFKA_VERSION)
@@ -25,6 +41,8 @@ Environment:
     AGUI_KAFKA_STATE    default state dir of the CLI (default <repo>/var/kafka-local)
     AGUI_KAFKA_HEAP     JVM max heap (default 512m)
     JAVA_HOME           java to use (default: ``java`` on PATH)
+
+The secured broker needs ``openssl`` (3.0+) on PATH.
 """
 
 import argparse
@@ -32,9 +50,13 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+import secrets
+import shlex
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -56,21 +78,40 @@ NODE_ID = 1
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 
+# Secured mode: files under <state>/tls.
+TLS_DIR = "tls"
+KEYSTORE_FILE = "broker-keystore.pem"  # the broker's key + certificate chain (PEM store)
+USERS_FILE = "users.json"  # SCRAM user -> password
+BROKER_CN = "kafka-broker"
+ADMIN_USER = "admin"
+DEFAULT_USERS = ("agui-stream", "history-service", "agent-server")
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+CA_DAYS = 3650
+CERT_DAYS = 365
+# A user / certificate CN: what the principal mapping rule keeps of a CN (and a file name).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 __all__ = [
     "DEFAULT_KAFKA_VERSION",
+    "DEFAULT_USERS",
     "BrokerError",
     "BrokerInfo",
+    "SecureBrokerInfo",
     "cache_dir",
+    "client_certificate",
     "default_state_dir",
     "fetch",
+    "foreign_ca",
     "free_port",
     "is_running",
     "local_broker",
+    "local_secure_broker",
     "probe",
     "read_info",
     "start",
     "stop",
     "wait_ready",
+    "worker_settings",
 ]
 
 
@@ -88,6 +129,36 @@ class BrokerInfo:
     state_dir: str
     log_file: str
     started_at: float
+
+
+@dataclass(frozen=True)
+class SecureBrokerInfo(BrokerInfo):
+    """A secured broker: ``port``/``bootstrap`` is its SASL_SSL (SCRAM-SHA-512) listener."""
+
+    mtls_port: int
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return self.bootstrap
+
+    @property
+    def mtls_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.mtls_port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return Path(self.state_dir) / TLS_DIR
+
+    @property
+    def ca_file(self) -> Path:
+        return self.tls_dir / "ca.pem"
+
+    def password(self, user: str) -> str:
+        """The SCRAM password of ``user``."""
+        passwords = _passwords(self.tls_dir)
+        if user not in passwords:
+            raise BrokerError(f"no SCRAM user {user!r} (users: {', '.join(sorted(passwords))})")
+        return passwords[user]
 
 
 def _say(msg: str) -> None:
@@ -306,15 +377,57 @@ logger.clients.level = WARN
 """
 
 
-def _server_properties(state: Path, port: int, controller_port: int) -> str:
-    props = {
-        "process.roles": "broker,controller",
-        "node.id": str(NODE_ID),
+def _plaintext_listeners(port: int, controller_port: int) -> dict[str, str]:
+    return {
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name": "PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
+    }
+
+
+def _secure_listeners(tls: Path, port: int, mtls_port: int, controller_port: int) -> dict[str, str]:
+    """SASL_SSL/SCRAM for clients, mTLS for clients and the broker itself, ACLs enforced."""
+    return {
+        "listeners": (
+            f"SECURE://127.0.0.1:{port},MTLS://127.0.0.1:{mtls_port},"
+            f"CONTROLLER://127.0.0.1:{controller_port}"
+        ),
+        "advertised.listeners": f"SECURE://127.0.0.1:{port},MTLS://127.0.0.1:{mtls_port}",
+        "listener.security.protocol.map": "SECURE:SASL_SSL,MTLS:SSL,CONTROLLER:SSL",
+        "inter.broker.listener.name": "MTLS",
+        "controller.listener.names": "CONTROLLER",
+        "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        f"listener.name.secure.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        ),
+        "listener.name.mtls.ssl.client.auth": "required",
+        "listener.name.controller.ssl.client.auth": "required",
+        # One identity for the broker: server certificate on every listener, and client
+        # certificate (User:kafka-broker) on its own controller and inter-broker connections.
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(tls / KEYSTORE_FILE),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls / "ca.pem"),
+        "ssl.principal.mapping.rules": "RULE:^CN=([a-zA-Z0-9._-]+).*$/$1/,DEFAULT",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{BROKER_CN};User:{ADMIN_USER}",
+    }
+
+
+def _server_properties(state: Path, ports: dict[str, int]) -> str:
+    port, controller_port = ports["port"], ports["controller_port"]
+    listeners = (
+        _secure_listeners(state / TLS_DIR, port, ports["mtls_port"], controller_port)
+        if "mtls_port" in ports
+        else _plaintext_listeners(port, controller_port)
+    )
+    props = {
+        "process.roles": "broker,controller",
+        "node.id": str(NODE_ID),
+        **listeners,
         # Dynamic quorum (formatted with --standalone): bootstrap servers, no static voters.
         "controller.quorum.bootstrap.servers": f"127.0.0.1:{controller_port}",
         "log.dirs": str(state / "data"),
@@ -340,6 +453,163 @@ def _server_properties(state: Path, port: int, controller_port: int) -> str:
         "log.segment.bytes": str(64 * 1024 * 1024),
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+# ------------------------------------------------------ certificates and users (secured)
+
+
+def _check_name(name: str) -> str:
+    if not _NAME.fullmatch(name):
+        raise BrokerError(f"{name!r} is not a valid user name (letters, digits, '.', '_', '-')")
+    return name
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``path`` readable by its owner only (mode 0600 from its creation on)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    path.chmod(0o600)  # an existing file keeps its mode through O_CREAT
+
+
+def _openssl(*args: str, stdin: bytes | None = None) -> bytes:
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise BrokerError("`openssl` is not on PATH; the secured broker needs it for certificates")
+    res = subprocess.run([exe, *args], input=stdin, capture_output=True, check=False)
+    if res.returncode != 0:
+        err = res.stderr.decode("utf-8", "replace")[-2000:]
+        raise BrokerError(f"openssl {args[0]} failed (exit {res.returncode}):\n{err}")
+    return res.stdout
+
+
+def _new_key(path: Path) -> None:
+    """A fresh EC P-256 private key as unencrypted PKCS#8 PEM."""
+    _write_private(
+        path, _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256")
+    )
+
+
+def _make_ca(tls: Path, cn: str) -> Path:
+    """A self-signed CA in ``tls`` (ca.key, ca.pem); returns ca.pem."""
+    tls.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _new_key(tls / "ca.key")
+    # OpenSSL 3's `req -x509` lets -addext replace its default CA extensions.
+    _openssl(
+        "req", "-x509", "-new", "-key", str(tls / "ca.key"), "-subj", f"/CN={cn}",
+        "-days", str(CA_DAYS), "-out", str(tls / "ca.pem"),
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+    return tls / "ca.pem"
+
+
+def _issue(tls: Path, cn: str, stem: str, *, days: int, server: bool) -> tuple[Path, Path]:
+    """Key ``<stem>.key`` and certificate ``<stem>.pem`` for CN=``cn``, signed by tls/ca.*.
+
+    A server certificate names 127.0.0.1 and localhost and also serves as a client one.
+    """
+    if not (tls / "ca.pem").is_file():
+        raise BrokerError(f"no CA in {tls}: start a secured broker there first")
+    key, cert = tls / f"{stem}.key", tls / f"{stem}.pem"
+    _new_key(key)
+    csr = _openssl("req", "-new", "-key", str(key), "-subj", f"/CN={cn}")
+    extensions = [
+        "basicConstraints=critical,CA:FALSE",
+        "keyUsage=critical,digitalSignature",
+        f"extendedKeyUsage={'serverAuth,clientAuth' if server else 'clientAuth'}",
+        *(["subjectAltName=IP:127.0.0.1,DNS:localhost"] if server else []),
+    ]
+    with tempfile.NamedTemporaryFile("w", dir=tls, prefix=f".{stem}-", suffix=".ext") as ext:
+        ext.write("\n".join(extensions) + "\n")
+        ext.flush()
+        # -days -1 (OpenSSL 3.0) gives a certificate that expired a day ago.
+        _openssl(
+            "x509", "-req", "-CA", str(tls / "ca.pem"), "-CAkey", str(tls / "ca.key"),
+            "-days", str(days), "-extfile", ext.name, "-out", str(cert),
+            stdin=csr,
+        )  # fmt: skip
+    return key, cert
+
+
+def _client_files(tls: Path, name: str) -> tuple[Path, Path]:
+    return tls / f"client-{name}.key", tls / f"client-{name}.pem"
+
+
+def client_certificate(state_dir: Path, name: str, *, days: int = CERT_DAYS) -> tuple[Path, Path]:
+    """Issue (or re-issue) a client certificate CN=``name`` from the CA of ``state_dir``.
+
+    Returns (key file, certificate file).  The broker maps it to ``User:<name>``.
+    ``days=-1`` makes one that has already expired.
+    """
+    key, cert = _client_files(state_dir.resolve() / TLS_DIR, _check_name(name))
+    return _issue(key.parent, name, cert.stem, days=days, server=False)
+
+
+def foreign_ca(dir: Path) -> Path:
+    """Make a CA the broker does not trust in ``dir/tls``; return its certificate.
+
+    ``client_certificate(dir, name)`` then issues client certificates from it.
+    """
+    return _make_ca(dir.resolve() / TLS_DIR, "foreign CA")
+
+
+def _setup_tls(state: Path, users: Sequence[str]) -> None:
+    """CA, broker keystore, ``admin`` client certificate and SCRAM passwords of a new state."""
+    tls = state / TLS_DIR
+    shutil.rmtree(tls, ignore_errors=True)  # left by a start that failed before formatting
+    ca = _make_ca(tls, "agui-stream kafka-local CA")
+    key, cert = _issue(tls, BROKER_CN, "broker", days=CERT_DAYS, server=True)
+    _write_private(tls / KEYSTORE_FILE, key.read_bytes() + cert.read_bytes() + ca.read_bytes())
+    client_certificate(state, ADMIN_USER)  # the readiness probe's identity
+    passwords = {user: secrets.token_urlsafe(24) for user in (ADMIN_USER, *users)}
+    _write_private(tls / USERS_FILE, (json.dumps(passwords, indent=2) + "\n").encode())
+
+
+def _passwords(tls: Path) -> dict[str, str]:
+    try:
+        return dict(json.loads((tls / USERS_FILE).read_text()))
+    except FileNotFoundError:
+        return {}
+
+
+def _admin_context(tls: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(tls / "ca.pem"))
+    key, cert = _client_files(tls, ADMIN_USER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def worker_settings(info: SecureBrokerInfo, user: str, *, mtls: bool = False) -> dict[str, str]:
+    """The environment a worker needs to connect to ``info`` as ``user``.
+
+    SASL_SSL with SCRAM-SHA-512 and the password in ``<tls>/<user>.password`` (0600), or
+    with ``mtls`` SSL with a client certificate CN=``user`` (issued if there is none).
+    The broker authorizes only what ACLs grant (``admin`` is a super user).
+    """
+    tls = info.tls_dir
+    common = {"KAFKA_SSL_CAFILE": str(info.ca_file)}
+    if mtls:
+        key, cert = _client_files(tls, _check_name(user))
+        if not (key.is_file() and cert.is_file()):
+            key, cert = client_certificate(Path(info.state_dir), user)
+        return {
+            "KAFKA_BOOTSTRAP_SERVERS": info.mtls_bootstrap,
+            "KAFKA_SECURITY_PROTOCOL": "SSL",
+            **common,
+            "KAFKA_SSL_CERTFILE": str(cert),
+            "KAFKA_SSL_KEYFILE": str(key),
+        }
+    password_file = tls / f"{_check_name(user)}.password"
+    _write_private(password_file, info.password(user).encode())
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": info.sasl_bootstrap,
+        "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+        "KAFKA_SASL_USERNAME": user,
+        "KAFKA_SASL_PASSWORD_FILE": str(password_file),
+        **common,
+    }
 
 
 # ------------------------------------------------------------- readiness (raw protocol)
@@ -370,36 +640,55 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def probe(host: str, port: int, timeout: float = 2.0) -> bool:
-    """True when the broker answers ApiVersions and lists itself (unfenced) in Metadata."""
+def probe(
+    host: str, port: int, timeout: float = 2.0, *, ssl_context: ssl.SSLContext | None = None
+) -> bool:
+    """True when the broker answers ApiVersions and lists itself (unfenced) in Metadata.
+
+    With ``ssl_context`` the probe speaks TLS (the secured broker's mTLS listener).
+    """
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
-            resp = _kafka_request(sock, 18, 0, 1, b"")  # ApiVersions v0
-            (err, n) = struct.unpack_from(">hi", resp, 0)
-            if err != 0:
-                return False
-            versions: dict[int, tuple[int, int]] = {}
-            for i in range(n):
-                key, lo, hi = struct.unpack_from(">hhh", resp, 6 + 6 * i)
-                versions[key] = (lo, hi)
-            if 3 not in versions:
-                return False
-            lo, hi = versions[3]
-            ver = max(lo, 4)
-            if ver > min(hi, 8):  # only non-flexible Metadata v4..v8 is encoded here
-                return True
-            # Metadata: topics = [] (no topics), allow_auto_topic_creation = false,
-            # v8 adds include_cluster/topic_authorized_operations.
-            body = struct.pack(">i", 0) + b"\x00" + (b"\x00\x00" if ver >= 8 else b"")
-            meta = _kafka_request(sock, 3, ver, 2, body)
-            (brokers,) = struct.unpack_from(">i", meta, 4)  # after throttle_time_ms
-            if brokers < 1:
-                return False
-            (node_id,) = struct.unpack_from(">i", meta, 8)
-            return bool(node_id == NODE_ID)
-    except (OSError, struct.error):
+            if ssl_context is None:
+                return _answers(sock)
+            with ssl_context.wrap_socket(sock, server_hostname=host) as tls:
+                return _answers(tls)
+    except (OSError, struct.error):  # ssl.SSLError is an OSError
         return False
+
+
+def _answers(sock: socket.socket) -> bool:
+    resp = _kafka_request(sock, 18, 0, 1, b"")  # ApiVersions v0
+    (err, n) = struct.unpack_from(">hi", resp, 0)
+    if err != 0:
+        return False
+    versions: dict[int, tuple[int, int]] = {}
+    for i in range(n):
+        key, lo, hi = struct.unpack_from(">hhh", resp, 6 + 6 * i)
+        versions[key] = (lo, hi)
+    if 3 not in versions:
+        return False
+    lo, hi = versions[3]
+    ver = max(lo, 4)
+    if ver > min(hi, 8):  # only non-flexible Metadata v4..v8 is encoded here
+        return True
+    # Metadata: topics = [] (no topics), allow_auto_topic_creation = false,
+    # v8 adds include_cluster/topic_authorized_operations.
+    body = struct.pack(">i", 0) + b"\x00" + (b"\x00\x00" if ver >= 8 else b"")
+    meta = _kafka_request(sock, 3, ver, 2, body)
+    (brokers,) = struct.unpack_from(">i", meta, 4)  # after throttle_time_ms
+    if brokers < 1:
+        return False
+    (node_id,) = struct.unpack_from(">i", meta, 8)
+    return bool(node_id == NODE_ID)
+
+
+def _probe_target(info: BrokerInfo) -> tuple[int, ssl.SSLContext | None]:
+    """Port and TLS context the readiness probe uses for ``info``'s broker."""
+    if isinstance(info, SecureBrokerInfo):
+        return info.mtls_port, _admin_context(info.tls_dir)
+    return info.port, None
 
 
 def wait_ready(
@@ -409,8 +698,9 @@ def wait_ready(
     pid: int | None = None,
     logs: Sequence[Path] = (),
     timeout: float = READY_TIMEOUT_S,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> float:
-    """Poll until the broker on ``port`` is ready; return seconds waited.
+    """Poll until the broker on ``port`` is ready (TLS with ``ssl_context``); return seconds waited.
 
     Fails early (with the tail of the broker log) if the process exits.
     """
@@ -426,7 +716,7 @@ def wait_ready(
             raise BrokerError(
                 "kafka broker process died before becoming ready" + _log_excerpt(logs)
             )
-        if probe("127.0.0.1", port, timeout=2.0):
+        if probe("127.0.0.1", port, timeout=2.0, ssl_context=ssl_context):
             return time.monotonic() - t0
         if time.monotonic() > deadline:
             raise BrokerError(
@@ -478,6 +768,12 @@ def _format_storage(java: str, lib: Path, state: Path) -> None:
     if cluster_id.returncode != 0 or not cluster_id.stdout.strip():
         raise BrokerError(f"StorageTool random-uuid failed:\n{cluster_id.stderr[-4000:]}")
     cid = cluster_id.stdout.strip().splitlines()[-1].strip()
+    # The SCRAM credentials of a secured broker go into the metadata log from the start.
+    scram = [
+        arg
+        for user, password in _passwords(state / TLS_DIR).items()
+        for arg in ("--add-scram", f"{SCRAM_MECHANISM}=[name={user},password={password}]")
+    ]
     fmt = subprocess.run(
         [
             *base,
@@ -488,6 +784,7 @@ def _format_storage(java: str, lib: Path, state: Path) -> None:
             cid,
             "--config",
             str(state / "server.properties"),
+            *scram,
         ],
         capture_output=True,
         text=True,
@@ -498,28 +795,42 @@ def _format_storage(java: str, lib: Path, state: Path) -> None:
         raise BrokerError(f"StorageTool format failed:\n{(fmt.stdout + fmt.stderr)[-4000:]}")
 
 
-def _prepare_state(state: Path, port: int | None) -> tuple[int, int]:
-    """Write configs and format storage (once); return (port, controller_port)."""
+def _prepare_state(
+    state: Path, port: int | None, *, secure: bool, users: Sequence[str]
+) -> dict[str, int]:
+    """Write configs (and, if ``secure``, certificates and users) once; return the ports.
+
+    ``port`` (the client listener; SASL_SSL if ``secure``), ``controller_port`` and, if
+    ``secure``, ``mtls_port``.
+    """
     state.mkdir(parents=True, exist_ok=True)
     (state / "logs").mkdir(exist_ok=True)
     ports_file = state / "ports.json"
     if ports_file.is_file() and (state / "data" / "meta.properties").is_file():
         # Formatted before: the controller endpoint is part of the quorum state, keep ports.
-        saved = json.loads(ports_file.read_text())
+        saved: dict[str, int] = json.loads(ports_file.read_text())
+        hint = "stop it without --keep or use another --state-dir"
+        if ("mtls_port" in saved) != secure:
+            kind = "secured" if "mtls_port" in saved else "plaintext"
+            raise BrokerError(f"state dir {state} was set up for a {kind} broker; {hint}")
         if port not in (None, saved["port"]):
             raise BrokerError(
-                f"state dir {state} was set up for port {saved['port']}, not {port}; "
-                "stop it without --keep or use another --state-dir"
+                f"state dir {state} was set up for port {saved['port']}, not {port}; {hint}"
             )
-        return int(saved["port"]), int(saved["controller_port"])
-    bport = port or free_port()
-    cport = free_port()
-    while cport == bport:
-        cport = free_port()
-    (state / "server.properties").write_text(_server_properties(state, bport, cport))
+        return saved
+    names = ("port", "controller_port", *(["mtls_port"] if secure else []))
+    chosen = [port or free_port()]
+    while len(chosen) < len(names):
+        candidate = free_port()
+        if candidate not in chosen:
+            chosen.append(candidate)
+    ports = dict(zip(names, chosen, strict=True))
+    if secure:
+        _setup_tls(state, users)
+    (state / "server.properties").write_text(_server_properties(state, ports))
     (state / "log4j2.properties").write_text(_LOG4J2.format(log=state / "logs" / "server.log"))
-    ports_file.write_text(json.dumps({"port": bport, "controller_port": cport}))
-    return bport, cport
+    ports_file.write_text(json.dumps(ports))
+    return ports
 
 
 def _spawn(state: Path, lib: Path, detached: bool) -> subprocess.Popen[bytes]:
@@ -586,7 +897,7 @@ def read_info(state_dir: Path | None = None) -> BrokerInfo | None:
     state = (state_dir or default_state_dir()).resolve()
     try:
         raw = json.loads((state / INFO_FILE).read_text())
-        return BrokerInfo(**raw)
+        return SecureBrokerInfo(**raw) if "mtls_port" in raw else BrokerInfo(**raw)
     except (OSError, ValueError, TypeError):
         return None
 
@@ -617,6 +928,7 @@ _STATE_ENTRIES = (
     "server.properties",
     "log4j2.properties",
     "ports.json",
+    TLS_DIR,
     INFO_FILE,
     "broker.pid",
 )
@@ -636,39 +948,59 @@ def _wipe_state(state: Path) -> None:
 
 
 def _launch(
-    state: Path, port: int | None, version: str, *, detached: bool, timeout: float
+    state: Path,
+    port: int | None,
+    version: str,
+    *,
+    detached: bool,
+    timeout: float,
+    secure: bool = False,
+    users: Sequence[str] = DEFAULT_USERS,
 ) -> tuple[subprocess.Popen[bytes], BrokerInfo]:
     """Configure/format ``state``, spawn the broker, write the info file, wait until ready.
 
-    A fresh state dir whose random ports were taken meanwhile is redone on new ports.
+    ``secure``: a ``SecureBrokerInfo`` broker whose SCRAM users are ``admin`` and ``users``
+    (taken into account when the state is new).  A fresh state dir whose random ports were
+    taken meanwhile is redone on new ports.
     """
     lib = fetch(version)
     if port is not None and not _port_is_free(port):
         raise BrokerError(f"port {port} on 127.0.0.1 is already in use")
+    for user in users:
+        _check_name(user)
     attempts = 3
     for attempt in range(1, attempts + 1):
         fresh = not (state / "data" / "meta.properties").is_file()
-        bport, cport = _prepare_state(state, port)
+        ports = _prepare_state(state, port, secure=secure, users=users)
         t0 = time.monotonic()
         proc = _spawn(state, lib, detached=detached)
         info = BrokerInfo(
             pid=proc.pid,
-            port=bport,
-            controller_port=cport,
-            bootstrap=f"127.0.0.1:{bport}",
+            port=ports["port"],
+            controller_port=ports["controller_port"],
+            bootstrap=f"127.0.0.1:{ports['port']}",
             version=version,
             state_dir=str(state),
             log_file=str(state / "logs" / "server.log"),
             started_at=time.time(),
         )
+        if secure:
+            info = SecureBrokerInfo(**asdict(info), mtls_port=ports["mtls_port"])
         (state / INFO_FILE).write_text(json.dumps(asdict(info), indent=2) + "\n")
         (state / "broker.pid").write_text(f"{proc.pid}\n")
+        probe_port, context = _probe_target(info)
         try:
-            wait_ready(bport, proc=proc, logs=_broker_logs(state), timeout=timeout)
+            wait_ready(
+                probe_port,
+                proc=proc,
+                logs=_broker_logs(state),
+                timeout=timeout,
+                ssl_context=context,
+            )
         except BrokerError as e:
             _stop_proc(proc)
             if fresh and attempt < attempts and "Address already in use" in str(e):
-                _say(f"port clash on {bport}/{cport}; retrying on new ports")
+                _say(f"port clash on {'/'.join(map(str, ports.values()))}; retrying on new ports")
                 _wipe_state(state)
                 continue
             raise
@@ -686,19 +1018,34 @@ def start(
     *,
     version: str | None = None,
     timeout: float = READY_TIMEOUT_S,
+    secure: bool = False,
+    users: Sequence[str] = DEFAULT_USERS,
 ) -> BrokerInfo:
     """Start a detached broker (survives this process) and wait until it is ready.
 
-    Idempotent: if a broker already runs from ``state_dir`` its info is returned.
-    On failure the state dir is kept for inspection (``stop`` removes it).
+    ``secure``: the secured broker (a ``SecureBrokerInfo`` is returned), with SCRAM users
+    ``admin`` and ``users`` (made when its state is new).  Idempotent: if a broker of the
+    same kind already runs from ``state_dir`` its info is returned.  On failure the state
+    dir is kept for inspection (``stop`` removes it).
     """
     state = (state_dir or default_state_dir()).resolve()
     running = is_running(state)
     if running:
         if port not in (None, running.port):
             raise BrokerError(f"a broker already runs from {state} on port {running.port}")
+        if isinstance(running, SecureBrokerInfo) != secure:
+            kind = "secured" if isinstance(running, SecureBrokerInfo) else "plaintext"
+            raise BrokerError(f"a {kind} broker already runs from {state}")
         return running
-    _, info = _launch(state, port, version or kafka_version(), detached=True, timeout=timeout)
+    _, info = _launch(
+        state,
+        port,
+        version or kafka_version(),
+        detached=True,
+        timeout=timeout,
+        secure=secure,
+        users=users,
+    )
     return info
 
 
@@ -741,6 +1088,40 @@ def local_broker(
     process, is stopped on exit (and gets SIGTERM if this process dies; see ``_spawn``);
     the state dir is removed unless ``keep``.
     """
+    with _session(state_dir, port, keep, version, timeout, secure=False, users=()) as info:
+        yield info.bootstrap
+
+
+@contextlib.contextmanager
+def local_secure_broker(
+    state_dir: Path | None = None,
+    *,
+    users: Sequence[str] = DEFAULT_USERS,
+    port: int | None = None,
+    keep: bool = False,
+    version: str | None = None,
+    timeout: float = READY_TIMEOUT_S,
+) -> Iterator[SecureBrokerInfo]:
+    """``local_broker`` for the secured broker, with SCRAM users ``admin`` and ``users``.
+
+    Yields its ``SecureBrokerInfo``; ``port`` is the SASL_SSL listener's.
+    """
+    with _session(state_dir, port, keep, version, timeout, secure=True, users=users) as info:
+        assert isinstance(info, SecureBrokerInfo)
+        yield info
+
+
+@contextlib.contextmanager
+def _session(
+    state_dir: Path | None,
+    port: int | None,
+    keep: bool,
+    version: str | None,
+    timeout: float,
+    *,
+    secure: bool,
+    users: Sequence[str],
+) -> Iterator[BrokerInfo]:
     ver = version or kafka_version()
     fetch(ver)
     if state_dir is None:
@@ -751,8 +1132,10 @@ def local_broker(
             raise BrokerError(f"a broker already runs from {state}; stop it first")
     proc: subprocess.Popen[bytes] | None = None
     try:
-        proc, info = _launch(state, port, ver, detached=False, timeout=timeout)
-        yield info.bootstrap
+        proc, info = _launch(
+            state, port, ver, detached=False, timeout=timeout, secure=secure, users=users
+        )
+        yield info
     finally:
         if proc is not None:
             _stop_proc(proc)
@@ -781,6 +1164,22 @@ def main(argv: list[str] | None = None) -> int:
     p_start.add_argument("--port", type=int, default=None)
     p_start.add_argument("--version", default=None)
     p_start.add_argument("--timeout", type=float, default=READY_TIMEOUT_S)
+    p_start.add_argument(
+        "--secure", action="store_true", help="the secured broker (TLS, SCRAM, ACLs)"
+    )
+    p_start.add_argument(
+        "--user",
+        dest="users",
+        action="append",
+        metavar="NAME",
+        help=f"SCRAM user besides admin, repeatable (default: {' '.join(DEFAULT_USERS)})",
+    )
+    p_env = sub.add_parser(
+        "secure-env", help="print `export` lines connecting a worker to the secured broker"
+    )
+    p_env.add_argument("--user", required=True, metavar="NAME")
+    p_env.add_argument("--mtls", action="store_true", help="client certificate, not SCRAM")
+    p_env.add_argument("--state-dir", type=Path, default=None)
     p_stop = sub.add_parser("stop", help="stop the broker and remove its state dir")
     p_stop.add_argument("--state-dir", type=Path, default=None)
     p_stop.add_argument("--keep", action="store_true", help="keep the state dir")
@@ -796,8 +1195,32 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"kafka {ver} jars in {lib} ({time.monotonic() - t0:.1f}s)")
             return 0
         if args.cmd == "start":
-            started = start(args.state_dir, args.port, version=args.version, timeout=args.timeout)
+            if args.users and not args.secure:
+                parser.error("--user needs --secure")
+            started = start(
+                args.state_dir,
+                args.port,
+                version=args.version,
+                timeout=args.timeout,
+                secure=args.secure,
+                users=DEFAULT_USERS if args.users is None else args.users,
+            )
             print(f"KAFKA_BOOTSTRAP_SERVERS={started.bootstrap}", flush=True)
+            if isinstance(started, SecureBrokerInfo):
+                _say(
+                    f"secured: SASL_SSL/{SCRAM_MECHANISM} on {started.sasl_bootstrap}, mTLS on "
+                    f"{started.mtls_bootstrap}, CA {started.ca_file}, users "
+                    f"{', '.join(_passwords(started.tls_dir))}; a worker's environment: "
+                    f'eval "$(python {sys.argv[0]} secure-env --user NAME [--mtls])"'
+                )
+            return 0
+        if args.cmd == "secure-env":
+            state = (args.state_dir or default_state_dir()).resolve()
+            running = is_running(state)
+            if not isinstance(running, SecureBrokerInfo):
+                raise BrokerError(f"no secured broker runs from {state}")
+            env = worker_settings(running, args.user, mtls=args.mtls)
+            print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()), end="")
             return 0
         if args.cmd == "stop":
             state = (args.state_dir or default_state_dir()).resolve()
@@ -812,10 +1235,16 @@ def main(argv: list[str] | None = None) -> int:
             if info is None:
                 print(f"not running ({state})")
                 return 3
-            ready = probe("127.0.0.1", info.port)
+            probe_port, context = _probe_target(info)
+            ready = probe("127.0.0.1", probe_port, ssl_context=context)
+            secured = (
+                f" (SASL_SSL) mtls={info.mtls_bootstrap}"
+                if isinstance(info, SecureBrokerInfo)
+                else ""
+            )
             print(
                 f"running pid={info.pid} {'ready' if ready else 'NOT answering'} "
-                f"KAFKA_BOOTSTRAP_SERVERS={info.bootstrap} state={state}"
+                f"KAFKA_BOOTSTRAP_SERVERS={info.bootstrap}{secured} state={state}"
             )
             return 0 if ready else 1
     except BrokerError as e:
