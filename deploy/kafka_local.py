@@ -48,6 +48,7 @@ The secured broker needs ``openssl`` (3.0+) on PATH.
 import argparse
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import re
@@ -108,6 +109,7 @@ __all__ = [
     "local_secure_broker",
     "probe",
     "read_info",
+    "server_certificate",
     "start",
     "stop",
     "wait_ready",
@@ -504,10 +506,13 @@ def _make_ca(tls: Path, cn: str) -> Path:
     return tls / "ca.pem"
 
 
-def _issue(tls: Path, cn: str, stem: str, *, days: int, server: bool) -> tuple[Path, Path]:
+def _issue(
+    tls: Path, cn: str, stem: str, *, days: int, hosts: Sequence[str] = ()
+) -> tuple[Path, Path]:
     """Key ``<stem>.key`` and certificate ``<stem>.pem`` for CN=``cn``, signed by tls/ca.*.
 
-    A server certificate names 127.0.0.1 and localhost and also serves as a client one.
+    With ``hosts`` it is a server certificate for them (IP addresses or DNS names),
+    which also serves as a client one.
     """
     if not (tls / "ca.pem").is_file():
         raise BrokerError(f"no CA in {tls}: start a secured broker there first")
@@ -517,8 +522,8 @@ def _issue(tls: Path, cn: str, stem: str, *, days: int, server: bool) -> tuple[P
     extensions = [
         "basicConstraints=critical,CA:FALSE",
         "keyUsage=critical,digitalSignature",
-        f"extendedKeyUsage={'serverAuth,clientAuth' if server else 'clientAuth'}",
-        *(["subjectAltName=IP:127.0.0.1,DNS:localhost"] if server else []),
+        f"extendedKeyUsage={'serverAuth,clientAuth' if hosts else 'clientAuth'}",
+        *([f"subjectAltName={','.join(map(_alt_name, hosts))}"] if hosts else []),
     ]
     with tempfile.NamedTemporaryFile("w", dir=tls, prefix=f".{stem}-", suffix=".ext") as ext:
         ext.write("\n".join(extensions) + "\n")
@@ -543,7 +548,29 @@ def client_certificate(state_dir: Path, name: str, *, days: int = CERT_DAYS) -> 
     ``days=-1`` makes one that has already expired.
     """
     key, cert = _client_files(state_dir.resolve() / TLS_DIR, _check_name(name))
-    return _issue(key.parent, name, cert.stem, days=days, server=False)
+    return _issue(key.parent, name, cert.stem, days=days)
+
+
+BROKER_HOSTS = ("127.0.0.1", "localhost")
+
+
+def server_certificate(
+    state_dir: Path, name: str, *, days: int = CERT_DAYS, hosts: Sequence[str] = BROKER_HOSTS
+) -> tuple[Path, Path]:
+    """Issue a server certificate for ``hosts`` from the CA of ``state_dir``, as the
+    broker's own: (key file, certificate file) ``<tls>/server-<name>.*``.  Tests
+    present one that expired (``days=-1``) or names another host."""
+    tls = state_dir.resolve() / TLS_DIR
+    return _issue(tls, _check_name(name), f"server-{name}", days=days, hosts=hosts)
+
+
+def _alt_name(host: str) -> str:
+    """A subjectAltName entry: ``IP:`` for an address, ``DNS:`` for a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"DNS:{host}"
+    return f"IP:{host}"
 
 
 def foreign_ca(dir: Path) -> Path:
@@ -559,7 +586,7 @@ def _setup_tls(state: Path, users: Sequence[str]) -> None:
     tls = state / TLS_DIR
     shutil.rmtree(tls, ignore_errors=True)  # left by a start that failed before formatting
     ca = _make_ca(tls, "agui-stream kafka-local CA")
-    key, cert = _issue(tls, BROKER_CN, "broker", days=CERT_DAYS, server=True)
+    key, cert = _issue(tls, BROKER_CN, "broker", days=CERT_DAYS, hosts=BROKER_HOSTS)
     _write_private(tls / KEYSTORE_FILE, key.read_bytes() + cert.read_bytes() + ca.read_bytes())
     client_certificate(state, ADMIN_USER)  # the readiness probe's identity
     passwords = {user: secrets.token_urlsafe(24) for user in (ADMIN_USER, *users)}
