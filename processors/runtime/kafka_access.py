@@ -65,7 +65,7 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 _EXPIRED = 10
 _NOT_YET_VALID = 9
 _UNTRUSTED = (18, 19, 20, 21)  # self-signed, self-signed in chain, unknown issuer (x2)
-_HOSTNAME_MISMATCH = 62
+_HOST_MISMATCH = (62, 64)  # a DNS name, an IP address
 
 
 def layout(settings: Settings) -> Layout:
@@ -127,6 +127,8 @@ def describe_connection_error(error: BaseException, settings: Settings, host: st
     """One sentence on why the worker could not connect to `host:port`, from the
     error's kind (never its text, which a library might fill with anything)."""
     where = f"cannot connect to Kafka at {host}:{port}"
+    if isinstance(error.__cause__, ssl.SSLError):  # a TLS alert read after the handshake
+        error = error.__cause__
     if isinstance(error, ssl.SSLCertVerificationError):
         return f"{where}: {_certificate_problem(error, settings, host)}"
     if isinstance(error, ssl.SSLError):
@@ -158,7 +160,7 @@ def _certificate_problem(error: ssl.SSLCertVerificationError, settings: Settings
         return "the broker's TLS certificate has expired"
     if code == _NOT_YET_VALID:
         return "the broker's TLS certificate is not valid yet (check the clocks)"
-    if code == _HOSTNAME_MISMATCH:
+    if code in _HOST_MISMATCH:
         return (f"the broker's TLS certificate is not for {host} (connect by a name the"
                 " certificate lists)")
     if code in _UNTRUSTED:
