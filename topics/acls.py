@@ -111,11 +111,11 @@ def worker_acls(layout: Layout, principal: str = WORKER) -> list[Acl]:
         *(acl(Operation.READ, Resource.TOPIC, name, "consumes the raw events", pattern)
           for name, pattern in _input_resources(layout)),
         acl(Operation.READ, Resource.GROUP, layout.app_id,
-            "its consumer group (the raw topics, the internal topics, the thread view)"),
+            "joins its consumer group (raw topics, internal topics, thread view)"),
         acl(Operation.WRITE, Resource.TOPIC, layout.history_topic,
             "publishes the reassembled messages"),
         acl(Operation.READ, Resource.TOPIC, layout.history_topic,
-            "the thread view consumes the history"),
+            "reads the history (its thread view)"),
         acl(Operation.DESCRIBE_CONFIGS, Resource.TOPIC, layout.history_topic,
             "sizes each record to the topic's max.message.bytes"),
         acl(Operation.WRITE, Resource.TOPIC, layout.deadletter_topic,
@@ -129,7 +129,7 @@ def worker_acls(layout: Layout, principal: str = WORKER) -> list[Acl]:
               (Operation.WRITE, "writes its changelogs and idle ticks"),
               (Operation.DESCRIBE_CONFIGS, "checks its internal topics' settings"))),
         acl(Operation.WRITE, Resource.TRANSACTIONAL_ID, prefix,
-            "one transactional producer per input partition (exactly-once)",
+            "commits through one transactional producer per input partition",
             Pattern.PREFIXED),
     ]
 
@@ -141,7 +141,7 @@ def history_service_acls(layout: Layout, principal: str = HISTORY_SERVICE,
         Acl(principal, Operation.READ, Resource.TOPIC, layout.history_topic,
             Pattern.LITERAL, "reads the history"),
         Acl(principal, Operation.READ, Resource.GROUP, group, Pattern.LITERAL,
-            "its own consumer group"),
+            "joins its own consumer group"),
     ]
 
 

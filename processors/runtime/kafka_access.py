@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from aiokafka import errors
 from aiokafka.admin import AIOKafkaAdminClient
@@ -48,9 +49,10 @@ from processors.runtime.topic_admin import (
     existing_topics,
     input_topics_now,
 )
-from topics.acls import Acl, Layout, Pattern, Resource, kafka_acls_commands
+from topics.acls import Acl, Layout, Operation, Pattern, Resource, kafka_acls_commands
 from topics.acls import worker_acls as layout_acls
 
+T = TypeVar("T")
 CONNECT_TIMEOUT_MS = 10_000
 COORDINATOR_WAIT_SECONDS = 30.0
 ACCESS_CHECK_SUFFIX = "access-check"
@@ -304,7 +306,12 @@ def _topics_allow(acl: Acl, topics: dict[str, tuple[int, int]], settings: Settin
         error_code, operations = topics.get(name, (UNKNOWN_TOPIC, 0))
         if error_code == UNKNOWN_TOPIC:
             continue
-        if error_code == TOPIC_AUTHORIZATION_FAILED or not operations >> acl.operation & 1:
+        if error_code == TOPIC_AUTHORIZATION_FAILED:
+            # Not even DESCRIBE, which READ and WRITE imply: blame those, the others
+            # (DESCRIBE_CONFIGS, CREATE) cannot be judged until they are back.
+            if acl.operation in (Operation.READ, Operation.WRITE):
+                return False
+        elif not operations >> acl.operation & 1:
             return False
     return True
 
@@ -315,29 +322,42 @@ async def _topic_operations(admin: AIOKafkaAdminClient,
     return {topic[1]: (topic[0], topic[4]) for topic in response.topics}
 
 
-async def _coordinator(admin: AIOKafkaAdminClient, key: str, kind: int) -> int:
-    """The coordinator of a group (`kind` 0) or transactional id (1). On a new cluster
-    the coordinators' topics are still being created: wait for them, within bounds."""
+async def _until_settled(attempt: Callable[[], Awaitable[T]]) -> T:
+    """`attempt()`, again while it fails with an error Kafka calls retriable: on a new
+    cluster the coordinators' topics are still being created and loaded. Bounded."""
     deadline = asyncio.get_running_loop().time() + COORDINATOR_WAIT_SECONDS
     pause = 0.1
     while True:
         try:
-            return int(await admin.find_coordinator(key, coordinator_type=kind))
+            return await attempt()
         except errors.KafkaError as error:
             if not error.retriable or asyncio.get_running_loop().time() > deadline:
                 raise
-        await asyncio.sleep(pause)  # the broker is creating the coordinator's topic
+        await asyncio.sleep(pause)  # the broker is creating or loading a coordinator
         pause = min(pause * 2, 1.0)
 
 
+async def _coordinator(admin: AIOKafkaAdminClient, key: str, kind: int) -> int:
+    """The coordinator of a group (`kind` 0) or transactional id (1)."""
+    return await _until_settled(
+        lambda: admin.find_coordinator(key, coordinator_type=kind))
+
+
 async def _group_allows(admin: AIOKafkaAdminClient, acl: Acl) -> bool:
-    try:
-        node = await _coordinator(admin, acl.name, 0)
-    except errors.GroupAuthorizationFailedError:
-        return False
-    response = await admin._send_request_to_node(node, _GroupOperations(acl.name))
-    return all(group[0] != GROUP_AUTHORIZATION_FAILED and group[-1] >> acl.operation & 1
-               for group in response.groups)
+    async def attempt() -> bool:
+        try:
+            node = await _coordinator(admin, acl.name, 0)
+        except errors.GroupAuthorizationFailedError:
+            return False
+        response = await admin._send_request_to_node(node, _GroupOperations(acl.name))
+        error_code, operations = response.groups[0][0], response.groups[0][-1]
+        if error_code == GROUP_AUTHORIZATION_FAILED:
+            return False
+        if error_code:  # NOT_COORDINATOR and the like, while the group's coordinator moves
+            raise errors.for_code(error_code)()
+        return bool(operations >> acl.operation & 1)
+
+    return await _until_settled(attempt)
 
 
 async def _may_write_transactions(admin: AIOKafkaAdminClient, settings: Settings) -> bool:

@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from processors.config import Settings
 from processors.runtime import kafka_access
@@ -189,6 +189,7 @@ def test_each_missing_acl_stops_the_worker_at_start_naming_it(broker: Any,
         slowest = max(slowest, took)
         assert f"Kafka does not allow this worker (User:{WORKER_USER}) {acl}:" in output, (
             acl, output)
+        assert output.count("Kafka does not allow this worker") == 1, (acl, output)
         assert "Traceback" not in output, output
         change_acls(broker, [acl], grant=True)
     print(f"slowest refusal: {slowest:.1f} s")
@@ -283,20 +284,20 @@ def test_an_expired_or_wrong_host_broker_certificate_is_named(
 
 def _reads(broker: Any, user: str, topic: str) -> bool:
     """True when `user` reads the topic's first record, False when the broker refuses
-    (the topics hold a record: `test_the_history_service…` writes one as the admin)."""
+    (the topics hold a record: `test_the_history_service…` writes one as the admin).
+    Subscribed, not assigned: an assigned consumer the broker refuses fetches nothing
+    for ever, and says nothing."""
     async def run() -> bool:
-        consumer = AIOKafkaConsumer(bootstrap_servers=broker.sasl_bootstrap,
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.sasl_bootstrap,
                                     group_id=None, enable_auto_commit=False,
+                                    auto_offset_reset="earliest",
                                     **security(credentials(broker, user)))
-        await consumer.start()
         try:
-            partition = TopicPartition(topic, 0)
-            consumer.assign([partition])
-            consumer.seek(partition, 0)
-            while True:
-                if (await consumer.getmany(timeout_ms=1000)).get(partition):
-                    return True
-        except KafkaError:
+            await consumer.start()
+            while not await consumer.getmany(timeout_ms=1000):
+                pass
+            return True
+        except TopicAuthorizationFailedError:
             return False
         finally:
             await consumer.stop()
@@ -313,7 +314,7 @@ def _writes(broker: Any, user: str, topic: str) -> bool:
         try:
             await producer.send_and_wait(topic, b"{}", key=b"probe")
             return True
-        except KafkaError:
+        except TopicAuthorizationFailedError:
             return False
         finally:
             await producer.stop()
