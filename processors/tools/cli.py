@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--replay-only", action="store_true",
                       help="only produce the sample runs to the input topic, then exit")
+    demo.add_argument("--worker-env", metavar="FILE",
+                      help="KEY=VALUE lines (`export` allowed, shell-quoted) set for the"
+                      " worker only: its own credentials (deploy/demo.sh --secure)")
     hash_token = commands.add_parser(
         "hash-token",
         help="read a thread API token on stdin, print its line for AGUI_TOKENS_FILE",
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from processors.tools.demo import run_demo
 
-        return run_demo(args.replay_only)
+        return run_demo(args.replay_only, args.worker_env)
     if args.command == "hash-token":
         return _hash_token(args.tenant)
     if args.command == "acls":

@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -139,9 +140,31 @@ def second_turn(settings: Settings, first: Sample, token: str) -> str:
     ])
 
 
-def run_demo(replay_only: bool) -> int:
+def worker_environment(path: str) -> dict[str, str]:
+    """The settings a `--worker-env` file gives the demo's worker: `KEY=VALUE` lines,
+    `export` and shell quoting allowed (what `kafka_local.py secure-env` prints)."""
+    settings = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["export"]:
+            words = words[1:]
+        if not words:
+            continue
+        name, equals, value = words[0].partition("=")
+        if len(words) != 1 or not equals or not name:
+            raise ValueError(f"{path}:{number}: not a KEY=VALUE line")
+        settings[name] = value
+    return settings
+
+
+def run_demo(replay_only: bool, worker_env: str | None = None) -> int:
     settings = load_settings()
     if settings is None:
+        return 2
+    try:
+        worker_settings = {} if worker_env is None else worker_environment(worker_env)
+    except (OSError, ValueError) as error:
+        print(f"agui-stream demo: --worker-env: {error}", file=sys.stderr)
         return 2
     # Leader elections right after topic creation make aiokafka log retries.
     logging.basicConfig(level=logging.ERROR)
@@ -157,7 +180,8 @@ def run_demo(replay_only: bool) -> int:
     tokens = data_dir.parent / "demo-tokens"
     tokens.parent.mkdir(parents=True, exist_ok=True)
     tokens.write_text(f"{token_line(samples[0].tenant, token)}\n")
-    env = {**os.environ, "AGUI_DATA_DIR": str(data_dir), "AGUI_TOKENS_FILE": str(tokens)}
+    env = {**os.environ, **worker_settings, "AGUI_DATA_DIR": str(data_dir),
+           "AGUI_TOKENS_FILE": str(tokens)}
     log_path = data_dir.parent / "demo-worker.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
