@@ -105,8 +105,9 @@ class SseFramer:
             return
         if self._at_start:
             self._at_start = False
-            line = line.removeprefix(_BOM)
-            seen = seen and bool(line)
+            if line.startswith(_BOM):  # a line of just the BOM is blank
+                line = line[len(_BOM):]
+                seen = bool(line)
         if not seen:  # a blank line: dispatch
             if self._oversized:
                 frames.append(Oversized())
