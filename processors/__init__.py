@@ -8,6 +8,8 @@ and those below it (tests/test_layers.py checks it on every run):
                           partitioning, redaction (top level, beside processors)
 ``processors.engine``     the AG-UI rules, sans-IO: events in, decisions out;
                           no Kafka, no Faust, no clock; imports only ``topics``
+``processors.tap``        the tap's core, sans-IO like the engine: SSE framing,
+                          run keys, the input echo, the publication plan
 ``config``, ``metrics``,  what every layer above shares: settings, Prometheus
 ``safe_logging``          metrics, logging that never quotes content
 ``processors.processing`` records in, records and state changes out: the

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from processors.tap.runs import EchoMode
+
 
 class ConfigError(ValueError):
     """A setting is missing or invalid; the message names the variable."""
@@ -81,6 +83,27 @@ DOCUMENTED: Final = (
      " once (run= or min_offset=); more are answered 429"),
     ("AGUI_API_MAX_WAITERS_PER_TENANT", "100", "of those, requests of one tenant"),
     ("AGUI_TEST_STALL_AGENT", "", "test only: 1 makes the agent stop before its first record"),
+    ("AGUI_TAP_UPSTREAM_URL", "", "tap: the AG-UI agent endpoint's base URL (http or https);"
+     " a request's path and query are appended to it (required by `agui-stream tap`)"),
+    ("AGUI_TAP_PORT", "8080", "tap: port the proxy listens on (its metrics and health are on"
+     " AGUI_METRICS_PORT)"),
+    ("AGUI_TAP_TOPIC", "agui.events", "tap: the raw topic it publishes to"),
+    ("AGUI_TAP_TENANT_SOURCE", "header", "tap: where a request's tenant comes from: header (the"
+     " request header AGUI_TAP_TENANT_REQUEST_HEADER, set by the gateway) or token (its bearer"
+     " token in AGUI_TOKENS_FILE); a request without one is forwarded and not published"),
+    ("AGUI_TAP_TENANT_REQUEST_HEADER", "X-Agui-Tenant", "tap: the request header naming the"
+     " tenant (AGUI_TAP_TENANT_SOURCE=header)"),
+    ("AGUI_TAP_ECHO", "messages", "tap: what of the request it puts on the requested run's"
+     " RUN_STARTED when the agent did not echo it: messages (threadId, runId, messages) or"
+     " input (the whole RunAgentInput)"),
+    ("AGUI_TAP_BUFFER_BYTES", "67108864", "tap: bytes of events it holds for Kafka; a run that"
+     " finds no room is dropped whole (docs/tap.md)"),
+    ("AGUI_TAP_MAX_EVENT_BYTES", "1000000", "tap: largest SSE event it publishes (keep it within"
+     " the raw topic's max.message.bytes); a larger one drops its run's publication"),
+    ("AGUI_TAP_MAX_REQUEST_BYTES", "16777216", "tap: largest request body it forwards; larger"
+     " requests are answered 413"),
+    ("AGUI_TAP_CONNECT_TIMEOUT_SECONDS", "10", "tap: time to connect to the upstream and get"
+     " its response headers; past it the client gets 504"),
     ("AGUI_LOG_LEVEL", "info", "debug, info, warning or error"),
     ("AGUI_LOG_FORMAT", "text", "text (a plain line per record) or json (a JSON object per"
      " line, for log collectors)"),
@@ -264,6 +287,69 @@ class Settings:
     @property
     def broker_url(self) -> str:
         return ";".join(f"kafka://{server}" for server in self.bootstrap_servers)
+
+
+TENANT_SOURCES: Final = ("header", "token")
+
+
+@dataclass(frozen=True, slots=True)
+class TapSettings:
+    """`agui-stream tap`: the shared Kafka, tenant, tokens, HTTP and logging settings
+    (`base`) and the proxy's own `AGUI_TAP_*`."""
+
+    base: Settings
+    upstream_url: str
+    port: int
+    topic: str
+    tenant_source: str
+    tenant_request_header: str
+    echo: EchoMode
+    buffer_bytes: int
+    max_event_bytes: int
+    max_request_bytes: int
+    connect_timeout_seconds: float
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TapSettings:
+        source = os.environ if env is None else env
+        base = Settings.from_env(source)
+
+        def get(name: str) -> str:
+            return source.get(name, _DEFAULTS[name]).strip()
+
+        upstream = get("AGUI_TAP_UPSTREAM_URL")
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", upstream):
+            raise ConfigError("AGUI_TAP_UPSTREAM_URL must be an http:// or https:// URL without"
+                              f" query or fragment (got {upstream!r})")
+        topic = get("AGUI_TAP_TOPIC")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic):
+            raise ConfigError(f"AGUI_TAP_TOPIC: {topic!r} is not a valid Kafka topic name")
+        tenant_source = _choice("AGUI_TAP_TENANT_SOURCE", get("AGUI_TAP_TENANT_SOURCE").lower(),
+                                TENANT_SOURCES)
+        if tenant_source == "token" and base.tokens_file is None:
+            raise ConfigError("AGUI_TAP_TENANT_SOURCE=token needs AGUI_TOKENS_FILE")
+        header = get("AGUI_TAP_TENANT_REQUEST_HEADER")
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", header):  # an HTTP token
+            raise ConfigError(f"AGUI_TAP_TENANT_REQUEST_HEADER: {header!r} is not a header name")
+        return cls(
+            base=base,
+            upstream_url=upstream.rstrip("/"),
+            port=_integer("AGUI_TAP_PORT", get("AGUI_TAP_PORT"), 1, 65_535),
+            topic=topic,
+            tenant_source=tenant_source,
+            tenant_request_header=header,
+            echo=EchoMode(_choice("AGUI_TAP_ECHO", get("AGUI_TAP_ECHO").lower(),
+                                  tuple(EchoMode))),
+            buffer_bytes=_integer("AGUI_TAP_BUFFER_BYTES", get("AGUI_TAP_BUFFER_BYTES"),
+                                  65_536, 1 << 40),
+            max_event_bytes=_integer("AGUI_TAP_MAX_EVENT_BYTES", get("AGUI_TAP_MAX_EVENT_BYTES"),
+                                     1_024, 100_000_000),
+            max_request_bytes=_integer("AGUI_TAP_MAX_REQUEST_BYTES",
+                                       get("AGUI_TAP_MAX_REQUEST_BYTES"), 1_024, 1 << 31),
+            connect_timeout_seconds=float(_integer(
+                "AGUI_TAP_CONNECT_TIMEOUT_SECONDS", get("AGUI_TAP_CONNECT_TIMEOUT_SECONDS"), 1,
+                600)),
+        )
 
 
 def read_setting_file(variable: str, path: str) -> str:

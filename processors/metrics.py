@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from processors.engine.codes import FailureCode, LossReason, Outcome, WarningCode
+from processors.tap.runs import DropReason, Fate
 from topics.events import EVENT_TYPES
 
 # The phases of a commit `agui_commit_seconds` times, in order.
@@ -138,6 +139,61 @@ class Metrics:
             self.deadletter_records.labels(kind)
         for phase in COMMIT_PHASES:
             self.commit_seconds.labels(phase)
+
+
+# `agui-stream tap`'s closed label sets (docs/tap.md, *Metrics*).
+TAP_RESPONSE_KINDS = ("tapped", "untenanted", "not_sse", "upstream_error")
+TAP_UPSTREAM_ERRORS = ("unreachable", "timeout", "status", "broken")
+TAP_EVENT_RESULTS = ("published", "dropped", "unattributed")
+
+
+class TapMetrics:
+    """The metrics of `agui-stream tap`, on their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.responses = Counter(
+            "agui_tap_responses", "Responses proxied, by kind: tapped (an SSE response"
+            " published), untenanted (SSE, no tenant: not published), not_sse, upstream_error"
+            " (an error status, or the tap's own 502/504).", ["kind"], registry=r)
+        self.upstream_errors = Counter(
+            "agui_tap_upstream_errors", "Upstream failures, by kind.", ["kind"], registry=r)
+        self.runs = Counter(
+            "agui_tap_runs", "Runs seen in tapped responses, by fate.", ["fate"], registry=r)
+        self.dropped_runs = Counter(
+            "agui_tap_dropped_runs", "Runs whose publication was dropped, by reason.",
+            ["reason"], registry=r)
+        self.events = Counter(
+            "agui_tap_events", "SSE events of tapped responses, by result: published (handed"
+            " to the producer), dropped (of a dropped run), unattributed (no run key).",
+            ["result"], registry=r)
+        self.event_bytes = Counter(
+            "agui_tap_event_bytes", "Bytes of records handed to the producer.", registry=r)
+        self.forwarded_bytes = Counter(
+            "agui_tap_forwarded_bytes", "Response body bytes forwarded to clients.", registry=r)
+        self.publish_errors = Counter(
+            "agui_tap_publish_errors", "Records Kafka did not take.", registry=r)
+        self.publish_lag = Histogram(
+            "agui_tap_publish_lag_seconds", "Time from an event read from the upstream to"
+            " Kafka acknowledging its record (acks=all).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                     10.0, 30.0, 60.0),
+            registry=r)
+        self.buffered_bytes = Gauge(
+            "agui_tap_buffered_bytes", "Bytes of records waiting for Kafka.", registry=r)
+        self.publishing = Gauge(
+            "agui_tap_publishing", "1 while Kafka takes the tap's records, 0 while it is"
+            " unreachable or refusing them.", registry=r)
+        for kind in TAP_RESPONSE_KINDS:
+            self.responses.labels(kind)
+        for error in TAP_UPSTREAM_ERRORS:
+            self.upstream_errors.labels(error)
+        for fate in Fate:
+            self.runs.labels(fate.value)
+        for reason in DropReason:
+            self.dropped_runs.labels(reason.value)
+        for result in TAP_EVENT_RESULTS:
+            self.events.labels(result)
 
 
 class PerRecordTallies(Collector):

@@ -3,7 +3,8 @@
 Every `import` and `from … import` in processors/ and topics/ is read with `ast`,
 those inside functions too, and compared with the layers' order: a module imports
 only its own layer and the layers below it; the engine only itself, `topics` and
-pure data libraries; and only the runtime imports the Kafka client libraries.
+pure data libraries; the tap's sans-IO core likewise, and no clock or socket; and
+only the runtime imports the Kafka client and HTTP libraries.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("topics",),
     ("processors.engine",),
+    ("processors.tap",),
     ("processors.config", "processors.metrics", "processors.safe_logging"),
     ("processors.processing",),
     ("processors.view",),
@@ -26,10 +28,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("processors.tools",),
 )
 # Only the runtime may import these: Faust, its service library, the Kafka client,
-# and what Faust's app is built on.
-RUNTIME_ONLY = frozenset({"faust", "aiokafka", "mode", "rocksdict", "uvloop"})
-# Besides the standard library, what the sans-IO engine may import.
+# the HTTP server and client, and what Faust's app is built on.
+RUNTIME_ONLY = frozenset({"faust", "aiokafka", "mode", "rocksdict", "uvloop", "aiohttp"})
+# The sans-IO packages, and what besides the standard library they may import.
+SANS_IO = ("processors.engine", "processors.tap")
 ENGINE_LIBRARIES = frozenset({"orjson", "pydantic"})
+# What no sans-IO module may import from the standard library: sockets, event
+# loops, clocks.
+SANS_IO_FORBIDDEN = frozenset({"asyncio", "socket", "time", "datetime", "selectors", "ssl"})
 
 
 def _rank(module: str) -> int | None:
@@ -84,13 +90,14 @@ def layer_violations(root: Path) -> list[str]:
             top = imported.split(".")[0]
             imported_rank = _rank(imported)
             if top in RUNTIME_ONLY and not in_runtime:
-                violations.append(f"{where}:{line}: imports {imported}; only"
-                                  " processors.runtime may import Faust or the Kafka client")
+                violations.append(f"{where}:{line}: imports {imported}; only processors.runtime"
+                                  " may import Faust, aiohttp or the Kafka client")
             elif imported_rank is not None and imported_rank > rank:
                 violations.append(f"{where}:{line}: imports {imported}, a higher layer")
-            elif (module.startswith("processors.engine") and imported_rank is None
-                  and top not in sys.stdlib_module_names and top not in ENGINE_LIBRARIES):
-                violations.append(f"{where}:{line}: the engine imports {imported}")
+            elif (module.startswith(SANS_IO) and imported_rank is None
+                  and ((top not in sys.stdlib_module_names and top not in ENGINE_LIBRARIES)
+                       or top in SANS_IO_FORBIDDEN)):
+                violations.append(f"{where}:{line}: the sans-IO {module} imports {imported}")
             elif top == "processors" and imported_rank is None:
                 violations.append(f"{where}:{line}: imports {imported}, in no layer")
     return violations
@@ -111,6 +118,8 @@ def test_a_planted_violation_of_each_kind_is_found(tmp_path: Path) -> None:
         "processors/engine/codes.py": "import prometheus_client\n",
         "processors/processing/stored_keys.py": "from processors.view import thread_view\n",
         "topics/records.py": "from processors.engine.codes import Outcome\n",
+        "processors/tap/sse.py": "import time\n",
+        "processors/tap/runs.py": "from processors.config import Settings\n",
     }
     for name, line in planted.items():
         with (tmp_path / name).open("a") as source:

@@ -3,7 +3,9 @@
 Faust serves its pages with aiohttp's defaults: a connection that sends half a
 request is held for an hour (aiohttp's keep-alive timeout, 3,630 s, is the only
 clock on it), and nothing caps how many connections are held. `HardenedWeb` is
-Faust's aiohttp driver with its runner built from aiohttp's public knobs:
+Faust's aiohttp driver with its runner built from aiohttp's public knobs (and
+`hardened_runner` with `listen_capped` give any aiohttp app the same, as the
+tap's proxy and health ports use them):
 
 * `request_timeout` (`REQUEST_TIMEOUT_SECONDS`): a connection must have sent a whole request (line
   and headers) this long after it opened, or after its previous answer; else it
@@ -26,7 +28,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiohttp.web import AppRunner
+from aiohttp.web import Application, AppRunner
 from faust.web.drivers.aiohttp import Web
 
 from processors.view.thread_api import ErrorCode, api_error
@@ -63,33 +65,41 @@ class _Refusal(asyncio.Protocol):
         transport.close()
 
 
+def hardened_runner(app: Application, limits: WebLimits, **kwargs: Any) -> AppRunner:
+    """An `AppRunner` for `app` with the request timeout and size limits above."""
+    return AppRunner(app, access_log=None, keepalive_timeout=limits.request_timeout,
+                     max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
+                     max_headers=MAX_HEADERS, **kwargs)
+
+
+async def listen_capped(runner: AppRunner, limits: WebLimits) -> asyncio.Server:
+    """Set `runner` up and listen with a protocol factory that refuses connections
+    over the cap."""
+    await runner.setup()
+    server = runner.server
+    assert server is not None
+    cap = limits.max_connections
+
+    def protocol() -> asyncio.BaseProtocol:
+        if len(server.connections) >= cap:
+            return _Refusal()
+        return server()
+
+    return await asyncio.get_running_loop().create_server(
+        protocol, limits.bind, limits.port, reuse_address=True, backlog=_BACKLOG)
+
+
 class HardenedWeb(Web):
     """Faust's aiohttp web driver with the limits above (`limits` from the app)."""
 
     def __init__(self, app: Any, limits: WebLimits, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.limits = limits
-        self._runner = AppRunner(self.web_app, access_log=None,
-                                 keepalive_timeout=limits.request_timeout,
-                                 max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
-                                 max_headers=MAX_HEADERS)
+        self._runner = hardened_runner(self.web_app, limits)
         self._listener: asyncio.Server | None = None
 
     async def start_server(self) -> None:
-        """Listen with a protocol factory that refuses connections over the cap."""
-        await self._runner.setup()
-        server = self._runner.server
-        assert server is not None
-        cap = self.limits.max_connections
-
-        def protocol() -> asyncio.BaseProtocol:
-            if len(server.connections) >= cap:
-                return _Refusal()
-            return server()
-
-        self._listener = await asyncio.get_running_loop().create_server(
-            protocol, self.limits.bind, self.limits.port, reuse_address=True,
-            backlog=_BACKLOG)
+        self._listener = await listen_capped(self._runner, self.limits)
 
     async def stop_server(self) -> None:
         if self._listener is not None:

@@ -32,6 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
         "create-topics",
         help="create the raw, history, dead-letter and internal topics, then exit",
     )
+    commands.add_parser(
+        "tap",
+        help="proxy an AG-UI agent endpoint (HTTP + SSE) and publish its runs to the raw topic",
+        description="Forward each request to AGUI_TAP_UPSTREAM_URL, stream the response back "
+        "unchanged, and publish every event to the raw topic (docs/tap.md). Configured by "
+        "environment variables; exit 2 for a bad one.",
+    )
     demo = commands.add_parser(
         "demo",
         help="create topics, start a worker, replay the bundled sample runs, print a summary",
@@ -87,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         from processors.runtime.worker import run_create_topics
 
         return run_create_topics()
+    if args.command == "tap":
+        from processors.runtime.tap_server import run_tap
+
+        return run_tap()
     if args.command == "demo":
         from processors.tools.demo import run_demo
 

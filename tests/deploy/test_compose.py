@@ -14,7 +14,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
-AGUI_SERVICES = ("topics", "worker-1", "worker-2", "demo-producer")
+AGUI_SERVICES = ("topics", "worker-1", "worker-2", "tap", "demo-producer")
 WORKERS = ("worker-1", "worker-2")
 
 
@@ -86,7 +86,7 @@ def test_topics_is_one_shot_and_gates_the_workers() -> None:
     assert command(s["topics"]) == ["agui-stream", "create-topics"]
     assert s["topics"]["restart"] == "no"
     assert s["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
-    for name in (*WORKERS, "demo-producer"):
+    for name in (*WORKERS, "tap", "demo-producer"):
         assert s[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
 
 
@@ -144,3 +144,14 @@ def test_demo_producer_is_optional() -> None:
     for name, service in s.items():
         if name != "demo-producer":
             assert "profiles" not in service, f"{name} must start with a plain `docker compose up`"
+
+
+def test_the_tap_forwards_to_an_agent_and_publishes_to_the_workers_input() -> None:
+    tap = services()["tap"]
+    env = tap["environment"]
+    assert command(tap) == ["agui-stream", "tap"]
+    assert env["AGUI_TAP_UPSTREAM_URL"].startswith("${AGENT_URL:-http")
+    assert env["AGUI_TAP_TOPIC"] in services()["worker-1"]["environment"]["AGUI_INPUT_TOPICS"]
+    host_ports = {mapping.split(":")[1]: mapping.split(":")[0] for mapping in tap["ports"]}
+    assert set(host_ports) == {env["AGUI_TAP_PORT"], env["AGUI_METRICS_PORT"]}
+    assert f"127.0.0.1:{env['AGUI_METRICS_PORT']}/livez" in " ".join(tap["healthcheck"]["test"])

@@ -67,7 +67,7 @@ def test_expected_resources_in_one_namespace() -> None:
     kinds = {r["kind"] for r in resources()}
     assert {
         "Namespace", "ConfigMap", "Secret", "StatefulSet", "Service",
-        "PodDisruptionBudget", "Job",
+        "PodDisruptionBudget", "Job", "Deployment",
     } <= kinds  # fmt: skip
     namespace = one("Namespace")["metadata"]["name"]
     for r in resources():
@@ -134,7 +134,7 @@ def test_worker_runs_the_worker_command_with_probes_and_resources() -> None:
 
 
 def test_pods_run_as_non_root() -> None:
-    for spec in (pod_spec(), one("Job")["spec"]["template"]["spec"]):
+    for spec in (pod_spec(), one("Job")["spec"]["template"]["spec"], tap_spec()):
         containers = spec["containers"]
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["runAsUser"] != 0
@@ -168,10 +168,19 @@ def test_configuration_comes_from_configmap_and_secret() -> None:
         assert mounted[config["data"][variable]] in secret["stringData"], variable
 
 
+def tap_spec() -> dict:
+    return one("Deployment")["spec"]["template"]["spec"]
+
+
+def worker_services() -> list[dict]:
+    return [s for s in by_kind("Service")
+            if s["metadata"]["labels"].get("app.kubernetes.io/component") != "tap"]
+
+
 def test_services_and_pdb_select_the_workers() -> None:
     labels = one("StatefulSet")["spec"]["template"]["metadata"]["labels"]
     assert one("StatefulSet")["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    for svc in by_kind("Service"):
+    for svc in worker_services():
         assert svc["spec"]["selector"].items() <= labels.items(), svc["metadata"]["name"]
         assert [p["name"] for p in svc["spec"]["ports"]] == ["metrics"]
     pdb = one("PodDisruptionBudget")
@@ -185,3 +194,26 @@ def test_job_creates_topics_once() -> None:
     assert spec["containers"][0]["args"] == ["create-topics"]
     assert spec["restartPolicy"] in {"OnFailure", "Never"}
     assert spec["containers"][0]["image"] == worker()["image"]
+
+
+def test_the_tap_gateway_is_a_deployment_behind_its_service() -> None:
+    deployment = one("Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert labels["app.kubernetes.io/component"] == "tap"
+    (c,) = tap_spec()["containers"]
+    assert c["args"] == ["tap"] and c["image"] == worker()["image"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert set(env) <= DOCUMENTED_ENV
+    assert env["AGUI_TAP_UPSTREAM_URL"].startswith("http")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    config = one("ConfigMap")["data"]
+    assert ports == {"http": int(env["AGUI_TAP_PORT"]), "metrics": int(config["AGUI_METRICS_PORT"])}
+    assert config["AGUI_TAP_TOPIC"] in config["AGUI_INPUT_TOPICS"].split(",")
+    assert {"configMapRef": {"name": one("ConfigMap")["metadata"]["name"]}} in c["envFrom"]
+    assert {e["name"] for e in c["env"] if "valueFrom" in e} == SECRET_ENV
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
+    (service,) = [s for s in by_kind("Service") if s not in worker_services()]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("http", "http")]
