@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -206,7 +207,9 @@ class ReadProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class _Request:
+class ApiRequest:
+    """A request whose token and parameters are valid (`ThreadApi.request`)."""
+
     tenant: str
     thread_id: str
     partition: int
@@ -240,24 +243,60 @@ class ThreadApi:
     ready: Callable[[int], bool] = _ready_always
     eraser: Eraser = _no_eraser
 
-    def tenant(self, authorization: str | None, query: Mapping[str, str],
-               paged: bool) -> str | ApiResponse:
-        """The caller's tenant, or the 401 refusing it, or the 400 refusing its
-        parameters (`paged`: the route takes pages, `run=` and `min_offset=`): what a
-        worker checks before it forwards a request, or answers it."""
+    def request(self, authorization: str | None, thread_id: str, query: Mapping[str, str],
+                *, paged: bool) -> ApiRequest | ApiResponse:
+        """The caller's tenant, its parameters and its thread's partition; or the 401
+        refusing the caller, the 400 refusing its parameters (`paged`: the route takes
+        pages, `run=` and `min_offset=`), the 404 of no thread id: what a worker
+        checks once, before it forwards a request or answers it (`answer`)."""
         if self.tokens is None:
             return DISABLED
         tenant = self.tokens.tenant_for(authorization)
         if tenant is None:
             return UNAUTHORIZED
-        refusal = _parse(query, paged)
-        return refusal if isinstance(refusal, ApiResponse) else tenant
+        parsed = _parse(query, paged)
+        if isinstance(parsed, ApiResponse):
+            return parsed
+        if not thread_id:
+            return _THREAD_NOT_FOUND
+        try:
+            partition = self.reader.partition_for(tenant, thread_id)
+        except Exception as error:
+            log_exception_kind(log, logging.ERROR, "could not admit a thread API request", error)
+            return INTERNAL
+        return ApiRequest(tenant, thread_id, partition, *parsed)
 
+    async def answer(self, route: Callable[[ApiRequest], Awaitable[ApiResponse]],
+                     request: ApiRequest | ApiResponse) -> ApiResponse:
+        """The route's answer to a request, or the answer refusing it."""
+        return request if isinstance(request, ApiResponse) else await route(request)
+
+    # The routes from a request's parts, checked here (in-process callers); the web
+    # server checks a request before it decides to forward it, then calls `answer_*`.
     async def messages(self, authorization: str | None, thread_id: str,
                        query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(self.answer_messages, self.request(
+            authorization, thread_id, query, paged=True))
+
+    async def runs(self, authorization: str | None, thread_id: str,
+                   query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(self.answer_runs, self.request(
+            authorization, thread_id, query, paged=True))
+
+    async def run(self, authorization: str | None, thread_id: str, run_id: str,
+                  query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(functools.partial(self.answer_run, run_id=run_id),
+                                 self.request(authorization, thread_id, query, paged=False))
+
+    async def delete(self, authorization: str | None, thread_id: str,
+                     query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(self.answer_delete, self.request(
+            authorization, thread_id, query, paged=False))
+
+    async def answer_messages(self, checked: ApiRequest) -> ApiResponse:
         """`GET /v1/threads/{threadId}/messages`: `messages` is what the next run's
         `RunAgentInput.messages` takes."""
-        request = await self._admit(authorization, thread_id, query, paged=True)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -289,10 +328,9 @@ class ThreadApi:
         body["historyOffset"] = offset
         return ApiResponse(200, body)
 
-    async def runs(self, authorization: str | None, thread_id: str,
-                   query: Mapping[str, str]) -> ApiResponse:
+    async def answer_runs(self, checked: ApiRequest) -> ApiResponse:
         """`GET /v1/threads/{threadId}`: the thread's runs, in the order they came."""
-        request = await self._admit(authorization, thread_id, query, paged=True)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -306,10 +344,9 @@ class ThreadApi:
         return ApiResponse(200, {"threadId": request.thread_id, "runs": page.items,
                                  **_page_fields(page, "runId"), "historyOffset": offset})
 
-    async def run(self, authorization: str | None, thread_id: str, run_id: str,
-                  query: Mapping[str, str]) -> ApiResponse:
+    async def answer_run(self, checked: ApiRequest, run_id: str) -> ApiResponse:
         """`GET /v1/threads/{threadId}/runs/{runId}`: what became of the run, at once."""
-        request = await self._admit(authorization, thread_id, query, paged=False)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -323,13 +360,12 @@ class ThreadApi:
         return ApiResponse(200, {"threadId": request.thread_id, "run": status.summary,
                                  "complete": status.complete, "historyOffset": offset})
 
-    async def delete(self, authorization: str | None, thread_id: str,
-                     query: Mapping[str, str]) -> ApiResponse:
+    async def answer_delete(self, checked: ApiRequest) -> ApiResponse:
         """`DELETE /v1/threads/{threadId}`: an erasure record on the history topic, which
         removes the thread from the view (every replica: the view's changelog) and tells
         every other consumer to erase it too. 200 once the view has applied it, 202 if
         not within the wait (it will)."""
-        request = await self._admit(authorization, thread_id, query, paged=False)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -347,24 +383,14 @@ class ThreadApi:
         return ApiResponse(200 if applied else 202, {
             "threadId": request.thread_id, "erased": applied, "historyOffset": offset})
 
-    async def _admit(self, authorization: str | None, thread_id: str,
-                     query: Mapping[str, str], *, paged: bool) -> _Request | ApiResponse:
-        """The request's tenant and parameters, once the view has read as far as it
-        asks; or the answer refusing it."""
-        tenant = self.tenant(authorization, query, paged)
-        if isinstance(tenant, ApiResponse):
-            return tenant
-        if not thread_id:
-            return _THREAD_NOT_FOUND
-        parsed = _parse(query, paged)
-        if isinstance(parsed, ApiResponse):
-            return parsed
+    async def _admit(self, request: ApiRequest) -> ApiRequest | ApiResponse:
+        """The request, once the view has read as far as it asks; or the answer
+        refusing it."""
         try:
-            request = _Request(tenant, thread_id, self.reader.partition_for(tenant, thread_id),
-                               *parsed)
             if not self.ready(request.partition):
                 return NOT_READY
-            if self.reader.thread_offset(tenant, thread_id) is None and request.run_id is None:
+            if (self.reader.thread_offset(request.tenant, request.thread_id) is None
+                    and request.run_id is None):
                 return _THREAD_NOT_FOUND
             if not self._reached(request):
                 refused = await self._wait(request)
@@ -375,7 +401,7 @@ class ThreadApi:
             log_exception_kind(log, logging.ERROR, "could not admit a thread API request", error)
             return INTERNAL
 
-    async def _wait(self, request: _Request) -> ApiResponse | None:
+    async def _wait(self, request: ApiRequest) -> ApiResponse | None:
         """One wait, until the request's offset and run are in the view; the answer
         refusing the request if they are not by then."""
         with self.progress.waiter(request.tenant) as admitted:
@@ -399,7 +425,7 @@ class ThreadApi:
                                " the view yet", 1, historyOffset=offset)
         return None
 
-    def _reached(self, request: _Request) -> bool:
+    def _reached(self, request: ApiRequest) -> bool:
         """The view holds what the request asks for: the thread's history up to
         `min_offset`, the run complete."""
         if request.min_offset is not None:
