@@ -187,8 +187,9 @@ class ReadProgress:
 
     async def wait_until(self, thread: bytes, reached: Callable[[], bool],
                          deadline: float) -> bool:
-        """Whether `reached()` became true by `deadline` (the loop's clock), checked
-        again whenever a record of `thread` is applied."""
+        """Whether `reached()` became true before `deadline` (the loop's clock),
+        checked at first and whenever a record of `thread` is applied. Not checked
+        at the deadline (False: the caller checks what it needs then, once)."""
         self._waiting_on[thread] += 1
         try:
             while not reached():
@@ -197,7 +198,7 @@ class ReadProgress:
                     async with asyncio.timeout_at(deadline):
                         await event.wait()
                 except TimeoutError:
-                    return reached()
+                    return False
             return True
         finally:
             self._waiting_on[thread] -= 1
@@ -370,13 +371,17 @@ class ThreadApi:
             return request
         try:
             offset = await self.eraser(request.tenant, request.thread_id, request.partition)
+
+            def applied_now() -> bool:
+                return self.reader.read_offset(request.partition) >= offset
+
             applied = False
             with self.progress.waiter(request.tenant) as admitted:
                 if admitted:  # else answered at once: the erasure is recorded all the same
                     deadline = asyncio.get_running_loop().time() + self.max_wait
                     applied = await self.progress.wait_until(
-                        thread_key(request.tenant, request.thread_id),
-                        lambda: self.reader.read_offset(request.partition) >= offset, deadline)
+                        thread_key(request.tenant, request.thread_id), applied_now,
+                        deadline) or applied_now()
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not erase a thread", error)
             return INTERNAL
@@ -392,7 +397,7 @@ class ThreadApi:
             if (self.reader.thread_offset(request.tenant, request.thread_id) is None
                     and request.run_id is None):
                 return _THREAD_NOT_FOUND
-            if not self._reached(request):
+            if request.run_id is not None or request.min_offset is not None:
                 refused = await self._wait(request)
                 if refused is not None:
                     return refused
@@ -402,17 +407,24 @@ class ThreadApi:
             return INTERNAL
 
     async def _wait(self, request: ApiRequest) -> ApiResponse | None:
-        """One wait, until the request's offset and run are in the view; the answer
-        refusing the request if they are not by then."""
+        """One wait, until the request's offset and run are in the view (none if they
+        are already: over the caps then too); the answer refusing the request if
+        they are not by then."""
         with self.progress.waiter(request.tenant) as admitted:
-            if not admitted:
-                return retry_later(ErrorCode.TOO_MANY_WAITERS, "too many requests are"
-                                   " waiting for the view; retry in a second", 1)
-            deadline = asyncio.get_running_loop().time() + self.max_wait
-            await self.progress.wait_until(thread_key(request.tenant, request.thread_id),
-                                           lambda: self._reached(request), deadline)
+            if admitted:
+                deadline = asyncio.get_running_loop().time() + self.max_wait
+                reached = await self.progress.wait_until(
+                    thread_key(request.tenant, request.thread_id),
+                    lambda: self._reached(request), deadline)
+            else:
+                reached = self._reached(request)
+                if not reached:
+                    return retry_later(ErrorCode.TOO_MANY_WAITERS, "too many requests are"
+                                       " waiting for the view; retry in a second", 1)
         if not self.ready(request.partition):
             return NOT_READY
+        if reached:
+            return None
         offset = self.reader.thread_offset(request.tenant, request.thread_id)
         if offset is None:
             return _THREAD_NOT_FOUND
