@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
 
 import aiohttp
@@ -38,6 +38,7 @@ from processors.view.thread_api import (
     INTERNAL,
     MAX_WAIT_SECONDS,
     NOT_READY,
+    ApiRequest,
     ApiResponse,
     ErrorCode,
     ReadProgress,
@@ -61,7 +62,7 @@ _JSON: Final = "application/json"
 _REFUSAL_CODES: Final = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
 _PASSED_BACK: Final = ("WWW-Authenticate", "Retry-After")  # the owner's headers kept
 
-Route = Callable[[str | None, str, Mapping[str, str]], Awaitable[ApiResponse]]
+Route = Callable[[ApiRequest], Awaitable[ApiResponse]]
 
 
 def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
@@ -117,7 +118,7 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         started = time.perf_counter()
         response = INTERNAL
         try:
-            response = await _answer_or_forward(app, view, api, owned, request,
+            response = await _answer_or_forward(app, api, owned, request,
                                                 request.match_info["thread_id"], route, paged)
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not answer a thread API request",
@@ -155,16 +156,16 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         return aiohttp.web.Response(body=contract, content_type=_JSON)
 
     async def thread_messages(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        return await answer(request, "messages", api.messages)
+        return await answer(request, "messages", api.answer_messages)
 
     async def thread_runs(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        return await answer(request, "runs", api.runs)
+        return await answer(request, "runs", api.answer_runs)
 
     async def delete_thread(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        return await answer(request, "delete", api.delete, paged=False)
+        return await answer(request, "delete", api.answer_delete, paged=False)
 
     async def thread_run(request: aiohttp.web.Request) -> aiohttp.web.Response:
-        route = functools.partial(_run_route, api.run, request.match_info["run_id"])
+        route = functools.partial(api.answer_run, run_id=request.match_info["run_id"])
         return await answer(request, "run", route, paged=False)
 
     web_app.router.add_get("/v1/openapi.json", thread_api_contract, allow_head=False)
@@ -177,30 +178,24 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
     return api
 
 
-async def _run_route(route: Callable[..., Awaitable[ApiResponse]], run_id: str,
-                     authorization: str | None, thread_id: str,
-                     query: Mapping[str, str]) -> ApiResponse:
-    return await route(authorization, thread_id, run_id, query)
-
-
-async def _answer_or_forward(app: AdaptedApp, view: ThreadView, api: ThreadApi,
+async def _answer_or_forward(app: AdaptedApp, api: ThreadApi,
                              owned: set[int], request: Any, thread_id: str, route: Route,
                              paged: bool) -> ApiResponse:
     """The answer of the worker that owns the thread's partition: this one's, or the
-    owner's when another one owns it (a request not admitted is answered here)."""
+    owner's when another one owns it (a request not admitted is answered here). The
+    request is checked once, here: the route answers it as checked."""
     authorization = request.headers.get("Authorization")
-    tenant = api.tenant(authorization, request.query, paged)
-    if isinstance(tenant, ApiResponse):
-        return tenant
-    if request.headers.get(_FORWARDED) is None and (
-            view.partition_for(tenant, thread_id) not in owned):
-        owner = _owner(app, view.partition_for(tenant, thread_id))
+    checked = api.request(authorization, thread_id, request.query, paged=paged)
+    if isinstance(checked, ApiResponse):
+        return checked
+    if checked.partition not in owned and request.headers.get(_FORWARDED) is None:
+        owner = _owner(app, checked.partition)
         if owner is None:  # no assignment known yet
             return NOT_READY
         here = app.conf.canonical_url
         if (owner.host, owner.port) != (here.host, here.port):
             return await _forward(app, request, owner, authorization)
-    return await route(authorization, thread_id, dict(request.query))
+    return await route(checked)
 
 
 async def _forward(app: AdaptedApp, request: Any, owner: URL,

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -186,8 +187,9 @@ class ReadProgress:
 
     async def wait_until(self, thread: bytes, reached: Callable[[], bool],
                          deadline: float) -> bool:
-        """Whether `reached()` became true by `deadline` (the loop's clock), checked
-        again whenever a record of `thread` is applied."""
+        """Whether `reached()` became true before `deadline` (the loop's clock),
+        checked at first and whenever a record of `thread` is applied. Not checked
+        at the deadline (False: the caller checks what it needs then, once)."""
         self._waiting_on[thread] += 1
         try:
             while not reached():
@@ -196,7 +198,7 @@ class ReadProgress:
                     async with asyncio.timeout_at(deadline):
                         await event.wait()
                 except TimeoutError:
-                    return reached()
+                    return False
             return True
         finally:
             self._waiting_on[thread] -= 1
@@ -206,7 +208,9 @@ class ReadProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class _Request:
+class ApiRequest:
+    """A request whose token and parameters are valid (`ThreadApi.request`)."""
+
     tenant: str
     thread_id: str
     partition: int
@@ -240,24 +244,60 @@ class ThreadApi:
     ready: Callable[[int], bool] = _ready_always
     eraser: Eraser = _no_eraser
 
-    def tenant(self, authorization: str | None, query: Mapping[str, str],
-               paged: bool) -> str | ApiResponse:
-        """The caller's tenant, or the 401 refusing it, or the 400 refusing its
-        parameters (`paged`: the route takes pages, `run=` and `min_offset=`): what a
-        worker checks before it forwards a request, or answers it."""
+    def request(self, authorization: str | None, thread_id: str, query: Mapping[str, str],
+                *, paged: bool) -> ApiRequest | ApiResponse:
+        """The caller's tenant, its parameters and its thread's partition; or the 401
+        refusing the caller, the 400 refusing its parameters (`paged`: the route takes
+        pages, `run=` and `min_offset=`), the 404 of no thread id: what a worker
+        checks once, before it forwards a request or answers it (`answer`)."""
         if self.tokens is None:
             return DISABLED
         tenant = self.tokens.tenant_for(authorization)
         if tenant is None:
             return UNAUTHORIZED
-        refusal = _parse(query, paged)
-        return refusal if isinstance(refusal, ApiResponse) else tenant
+        parsed = _parse(query, paged)
+        if isinstance(parsed, ApiResponse):
+            return parsed
+        if not thread_id:
+            return _THREAD_NOT_FOUND
+        try:
+            partition = self.reader.partition_for(tenant, thread_id)
+        except Exception as error:
+            log_exception_kind(log, logging.ERROR, "could not admit a thread API request", error)
+            return INTERNAL
+        return ApiRequest(tenant, thread_id, partition, *parsed)
 
+    async def answer(self, route: Callable[[ApiRequest], Awaitable[ApiResponse]],
+                     request: ApiRequest | ApiResponse) -> ApiResponse:
+        """The route's answer to a request, or the answer refusing it."""
+        return request if isinstance(request, ApiResponse) else await route(request)
+
+    # The routes from a request's parts, checked here (in-process callers); the web
+    # server checks a request before it decides to forward it, then calls `answer_*`.
     async def messages(self, authorization: str | None, thread_id: str,
                        query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(self.answer_messages, self.request(
+            authorization, thread_id, query, paged=True))
+
+    async def runs(self, authorization: str | None, thread_id: str,
+                   query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(self.answer_runs, self.request(
+            authorization, thread_id, query, paged=True))
+
+    async def run(self, authorization: str | None, thread_id: str, run_id: str,
+                  query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(functools.partial(self.answer_run, run_id=run_id),
+                                 self.request(authorization, thread_id, query, paged=False))
+
+    async def delete(self, authorization: str | None, thread_id: str,
+                     query: Mapping[str, str]) -> ApiResponse:
+        return await self.answer(self.answer_delete, self.request(
+            authorization, thread_id, query, paged=False))
+
+    async def answer_messages(self, checked: ApiRequest) -> ApiResponse:
         """`GET /v1/threads/{threadId}/messages`: `messages` is what the next run's
         `RunAgentInput.messages` takes."""
-        request = await self._admit(authorization, thread_id, query, paged=True)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -289,10 +329,9 @@ class ThreadApi:
         body["historyOffset"] = offset
         return ApiResponse(200, body)
 
-    async def runs(self, authorization: str | None, thread_id: str,
-                   query: Mapping[str, str]) -> ApiResponse:
+    async def answer_runs(self, checked: ApiRequest) -> ApiResponse:
         """`GET /v1/threads/{threadId}`: the thread's runs, in the order they came."""
-        request = await self._admit(authorization, thread_id, query, paged=True)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -306,10 +345,9 @@ class ThreadApi:
         return ApiResponse(200, {"threadId": request.thread_id, "runs": page.items,
                                  **_page_fields(page, "runId"), "historyOffset": offset})
 
-    async def run(self, authorization: str | None, thread_id: str, run_id: str,
-                  query: Mapping[str, str]) -> ApiResponse:
+    async def answer_run(self, checked: ApiRequest, run_id: str) -> ApiResponse:
         """`GET /v1/threads/{threadId}/runs/{runId}`: what became of the run, at once."""
-        request = await self._admit(authorization, thread_id, query, paged=False)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
@@ -323,50 +361,43 @@ class ThreadApi:
         return ApiResponse(200, {"threadId": request.thread_id, "run": status.summary,
                                  "complete": status.complete, "historyOffset": offset})
 
-    async def delete(self, authorization: str | None, thread_id: str,
-                     query: Mapping[str, str]) -> ApiResponse:
+    async def answer_delete(self, checked: ApiRequest) -> ApiResponse:
         """`DELETE /v1/threads/{threadId}`: an erasure record on the history topic, which
         removes the thread from the view (every replica: the view's changelog) and tells
         every other consumer to erase it too. 200 once the view has applied it, 202 if
         not within the wait (it will)."""
-        request = await self._admit(authorization, thread_id, query, paged=False)
+        request = await self._admit(checked)
         if isinstance(request, ApiResponse):
             return request
         try:
             offset = await self.eraser(request.tenant, request.thread_id, request.partition)
+
+            def applied_now() -> bool:
+                return self.reader.read_offset(request.partition) >= offset
+
             applied = False
             with self.progress.waiter(request.tenant) as admitted:
                 if admitted:  # else answered at once: the erasure is recorded all the same
                     deadline = asyncio.get_running_loop().time() + self.max_wait
                     applied = await self.progress.wait_until(
-                        thread_key(request.tenant, request.thread_id),
-                        lambda: self.reader.read_offset(request.partition) >= offset, deadline)
+                        thread_key(request.tenant, request.thread_id), applied_now,
+                        deadline) or applied_now()
         except Exception as error:
             log_exception_kind(log, logging.ERROR, "could not erase a thread", error)
             return INTERNAL
         return ApiResponse(200 if applied else 202, {
             "threadId": request.thread_id, "erased": applied, "historyOffset": offset})
 
-    async def _admit(self, authorization: str | None, thread_id: str,
-                     query: Mapping[str, str], *, paged: bool) -> _Request | ApiResponse:
-        """The request's tenant and parameters, once the view has read as far as it
-        asks; or the answer refusing it."""
-        tenant = self.tenant(authorization, query, paged)
-        if isinstance(tenant, ApiResponse):
-            return tenant
-        if not thread_id:
-            return _THREAD_NOT_FOUND
-        parsed = _parse(query, paged)
-        if isinstance(parsed, ApiResponse):
-            return parsed
+    async def _admit(self, request: ApiRequest) -> ApiRequest | ApiResponse:
+        """The request, once the view has read as far as it asks; or the answer
+        refusing it."""
         try:
-            request = _Request(tenant, thread_id, self.reader.partition_for(tenant, thread_id),
-                               *parsed)
             if not self.ready(request.partition):
                 return NOT_READY
-            if self.reader.thread_offset(tenant, thread_id) is None and request.run_id is None:
+            if (self.reader.thread_offset(request.tenant, request.thread_id) is None
+                    and request.run_id is None):
                 return _THREAD_NOT_FOUND
-            if not self._reached(request):
+            if request.run_id is not None or request.min_offset is not None:
                 refused = await self._wait(request)
                 if refused is not None:
                     return refused
@@ -375,18 +406,25 @@ class ThreadApi:
             log_exception_kind(log, logging.ERROR, "could not admit a thread API request", error)
             return INTERNAL
 
-    async def _wait(self, request: _Request) -> ApiResponse | None:
-        """One wait, until the request's offset and run are in the view; the answer
-        refusing the request if they are not by then."""
+    async def _wait(self, request: ApiRequest) -> ApiResponse | None:
+        """One wait, until the request's offset and run are in the view (none if they
+        are already: over the caps then too); the answer refusing the request if
+        they are not by then."""
         with self.progress.waiter(request.tenant) as admitted:
-            if not admitted:
-                return retry_later(ErrorCode.TOO_MANY_WAITERS, "too many requests are"
-                                   " waiting for the view; retry in a second", 1)
-            deadline = asyncio.get_running_loop().time() + self.max_wait
-            await self.progress.wait_until(thread_key(request.tenant, request.thread_id),
-                                           lambda: self._reached(request), deadline)
+            if admitted:
+                deadline = asyncio.get_running_loop().time() + self.max_wait
+                reached = await self.progress.wait_until(
+                    thread_key(request.tenant, request.thread_id),
+                    lambda: self._reached(request), deadline)
+            else:
+                reached = self._reached(request)
+                if not reached:
+                    return retry_later(ErrorCode.TOO_MANY_WAITERS, "too many requests are"
+                                       " waiting for the view; retry in a second", 1)
         if not self.ready(request.partition):
             return NOT_READY
+        if reached:
+            return None
         offset = self.reader.thread_offset(request.tenant, request.thread_id)
         if offset is None:
             return _THREAD_NOT_FOUND
@@ -399,7 +437,7 @@ class ThreadApi:
                                " the view yet", 1, historyOffset=offset)
         return None
 
-    def _reached(self, request: _Request) -> bool:
+    def _reached(self, request: ApiRequest) -> bool:
         """The view holds what the request asks for: the thread's history up to
         `min_offset`, the run complete."""
         if request.min_offset is not None:
