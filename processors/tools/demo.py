@@ -3,7 +3,9 @@
 Creates the topics, starts a worker, replays the bundled sample runs (valid
 and broken), waits until every run has concluded, prints what came out, then
 acts as an agent server starting the second turn of a thread from the thread
-API (its encrypted reasoning values must come back intact), and keeps the
+API (its encrypted reasoning values must come back intact), then runs a real
+AG-UI agent server behind `agui-stream tap` for two turns of a new thread (the
+user's question reaches the history through the tap's echo), and keeps the
 worker running (metrics and the API stay up) until Ctrl-C.
 `--replay-only` just produces the samples and exits (the compose demo).
 """
@@ -157,6 +159,19 @@ def worker_environment(path: str) -> dict[str, str]:
     return settings
 
 
+def through_the_tap(settings: Settings, tenant: str, token: str, log_dir: Path) -> str:
+    """The tap part of the demo, when the sample agent's framework is installed (the
+    dev extras; `pip install -e ".[dev]"`)."""
+    try:
+        from processors.tools.demo_tap import tap_turns
+    except ImportError as error:
+        return f"through the tap: skipped ({error.name} is not installed: pip install -e '.[dev]')"
+    try:
+        return tap_turns(settings, tenant, token, log_dir)
+    except (OSError, RuntimeError) as error:
+        return f"through the tap: {error}"
+
+
 def run_demo(replay_only: bool, worker_env: str | None = None) -> int:
     settings = load_settings()
     if settings is None:
@@ -208,6 +223,8 @@ def run_demo(replay_only: bool, worker_env: str | None = None) -> int:
             print(f"not every run concluded within 180 s; see {log_path}", file=sys.stderr)
             return 1
         print(second_turn(settings, samples[0], token) + "\n", flush=True)
+        print(through_the_tap(settings, samples[0].tenant, token, log_path.parent) + "\n",
+              flush=True)
         print("The worker keeps running; press Ctrl-C to stop everything.", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         worker.wait()

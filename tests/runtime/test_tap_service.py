@@ -81,7 +81,7 @@ def processes() -> Iterator[list[Process]]:
 
 def start_agent(processes: list[Process], tmp_path: Path, name: str = "agent") -> int:
     port = free_port()
-    processes.append(Process([sys.executable, "-m", "tests.tap.agent_upstream", str(port)],
+    processes.append(Process([sys.executable, "-m", "processors.tools.sample_agent", str(port)],
                              None, tmp_path / f"{name}.log", f"http://127.0.0.1:{port}/agent"))
     return port
 

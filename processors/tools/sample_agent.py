@@ -1,8 +1,8 @@
-"""A real AG-UI agent server for the tap's tests and benchmark: pydantic-ai's
+"""A real AG-UI agent server for the demo and the tap's tests: pydantic-ai's
 `AGUIAdapter` in a Starlette app on uvicorn, its model a `FunctionModel` (no
 network, no model) that reasons, calls a tool and answers.
 
-`python -m tests.tap.agent_upstream PORT` serves `POST /agent` on 127.0.0.1:PORT.
+`python -m processors.tools.sample_agent PORT` serves `POST /agent` on 127.0.0.1:PORT.
 A user message containing `slow` gets a long answer streamed a delta every
 50 ms instead (for cutting a run in the middle).
 """
