@@ -79,10 +79,10 @@ def incoming_record(message: Any) -> Incoming:
     timestamp = message.timestamp
     return Incoming(message.topic, message.partition, message.offset,
                     None if timestamp is None else int(timestamp * 1000),
-                    message.key or b"", message.value or b"", _header_list(message.headers))
+                    message.key or b"", message.value or b"", header_list(message.headers))
 
 
-def _header_list(headers: Any) -> Headers:
+def header_list(headers: Any) -> Headers:
     if not headers:
         return []
     items = headers.items() if isinstance(headers, dict) else headers

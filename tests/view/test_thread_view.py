@@ -25,6 +25,7 @@ from processors.view.thread_view import (
 )
 from tests.memory_helpers import bytes_left_allocated
 from tests.view_helpers import (
+    HISTORY,
     RETENTION,
     T0,
     History,
@@ -162,7 +163,7 @@ def test_records_without_a_thread_are_ignored_and_unusable_ones_counted() -> Non
     feed(view, [history.record(b"acme/t1", not_a_message)])
     assert (view.counts.ignored, view.counts.applied) == (1, 0)
     assert view.messages("acme", "t1") == []
-    assert view.read_offset(0) == 3  # read past them all the same
+    assert view.read_offset((HISTORY, 0)) == 3  # read past them all the same
 
 
 def test_a_record_without_timestamp_is_dated_by_the_clock() -> None:
@@ -437,11 +438,11 @@ def test_records_at_or_below_the_read_offset_are_skipped() -> None:
     second = history.run("t1", "r2", [user("m2")])
     feed(view, second)  # applied, never committed: the worker crashes here
     restarted = store.view()
-    assert restarted.read_offset(0) == first[-1].offset
+    assert restarted.read_offset((HISTORY, 0)) == first[-1].offset
     feed(restarted, first + second)  # delivered again from the committed offset
     assert restarted.counts.replayed == len(first)
     assert ids(restarted) == ["m1", "m2"]
-    assert restarted.read_offset(0) == second[-1].offset
+    assert restarted.read_offset((HISTORY, 0)) == second[-1].offset
     feed(restarted, second)  # and again, before any commit
     assert restarted.counts.replayed == len(first) + len(second)
 
@@ -494,8 +495,8 @@ def test_forget_reloads_everything_from_the_stored_table() -> None:
     assert ids(view) == ["m1", "m2"]
     runs = view.runs("acme", "t1")
     assert isinstance(runs, list) and len(runs) == 1
-    assert view.read_offset(0) == 2
-    assert view.read_offset(1) == NOTHING_READ
+    assert view.read_offset((HISTORY, 0)) == 2
+    assert view.read_offset((HISTORY, 1)) == NOTHING_READ
 
 
 # --- retention --------------------------------------------------------------------------
@@ -681,11 +682,11 @@ def test_what_was_read_mid_recovery_is_read_again_once_the_table_has_recovered()
                       if thread_key("acme", "late") not in key and key[:1] != b"P"}
     recovering = restoring.view()
     recovering.forget()  # the partitions moved
-    assert recovering.read_offset(0) == NOTHING_READ  # stale, cached
+    assert recovering.read_offset((HISTORY, 0)) == NOTHING_READ  # stale, cached
     assert recovering.threads_held([0]) == 1  # the expiry index, built once, stale
     restoring.data = dict(written.data)  # recovery ends
     recovering.forget()  # the table's recovery callback
-    assert recovering.read_offset(0) == view.read_offset(0)
+    assert recovering.read_offset((HISTORY, 0)) == view.read_offset((HISTORY, 0))
     assert recovering.threads_held([0]) == 2
     recovering.expire(0, T0 / 1000 + RETENTION + 1)
     assert recovering.counts.expired_threads == 2  # the late-restored thread expires too
