@@ -39,6 +39,7 @@ from tests.view_helpers import (
     user,
 )
 from topics.records import HistoryErasure, HistoryMessage, HistoryRun
+from topics.tenant_topics import Template
 
 DAY = 86_400.0
 
@@ -445,6 +446,33 @@ def test_records_at_or_below_the_read_offset_are_skipped() -> None:
     assert restarted.read_offset((HISTORY, 0)) == second[-1].offset
     feed(restarted, second)  # and again, before any commit
     assert restarted.counts.replayed == len(first) + len(second)
+
+
+def test_each_tenant_topic_has_its_own_read_offsets() -> None:
+    """Per-tenant topics: two tenants' topics share partition numbers, each with its own
+    offsets; a thread is found in its tenant's topic, and a restart reads each on."""
+    template = Template("agui.history.{tenant}")
+    store = Store()
+
+    def view() -> ThreadView:
+        return ThreadView(store.data, partitions=1, retention_seconds=RETENTION,
+                          tenant_topic=template.topic)
+
+    acme, globex = History(), History()  # partition 0 of each topic, offsets from 0
+    first = view()
+    feed(first, [record._replace(topic="agui.history.acme")
+                 for record in acme.run("t1", "r1", [user("m1")])])
+    feed(first, [record._replace(topic="agui.history.globex")
+                 for record in globex.run("t1", "r1", [user("g1")], tenant="globex")])
+    assert first.counts.replayed == 0  # the same offsets, in another topic
+    assert first.partition_for("acme", "t1")[0] == "agui.history.acme"
+    store.commit(first)
+    restarted = view()
+    for tenant in ("acme", "globex"):
+        assert restarted.read_offset(restarted.partition_for(tenant, "t1")) == 1
+    assert restarted.read_offset(("agui.history", 0)) == NOTHING_READ
+    assert ids(restarted, tenant="globex") == ["g1"]
+    assert restarted.partition_for("x" * 300, "t1")[0] == ""  # no topic can be its
 
 
 def test_each_changed_entry_is_handed_out_once_per_commit() -> None:
