@@ -38,7 +38,7 @@ from processors.runtime.faust_adaptations import AdaptedApp, CommitProducer
 from processors.runtime.health import Liveness
 from processors.runtime.jobs import WorkerJobs
 from processors.runtime.kafka_client import faust_credentials
-from processors.runtime.view_service import serve_thread_view
+from processors.runtime.view_service import is_history, serve_thread_view
 from processors.runtime.web_server import WebLimits
 from processors.view.tenant_tokens import TenantTokens
 from processors.view.thread_view import ThreadView
@@ -155,7 +155,9 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
                       retention_seconds=settings.view_retention_seconds,
                       history_topic=settings.history_topic,
                       tenant_topic=None if templates is None else templates.history.topic)
-    serve_thread_view(app, settings, metrics, view, tokens)
+    serve_thread_view(app, settings, metrics, view, tokens,
+                      sorted(name for name in topic_limits or {}
+                             if templates is not None and is_history(settings, name)))
     jobs = WorkerJobs(app, settings, metrics, processor, view, producer, tables,
                       Liveness(settings.stall_seconds, time.monotonic()))
 

@@ -1,6 +1,11 @@
 """The thread view inside the worker: the agent that applies the history topic (or,
-with per-tenant topics, every tenant's history topic: a subscription by the
-template's pattern) to it, and the thread API's web routes.
+with per-tenant topics, the tenants' history topics that existed when the worker
+started) to it, and the thread API's web routes.
+
+Per-tenant topics: Faust subscribes to a topic's names only (its aiokafka driver
+drops a pattern), so the view reads the tenants' topics it was started with; a
+tenant provisioned later is published at once, and its view answers after the
+workers' next restart (docs/operations.md, *Per-tenant topics*).
 
 The view (`processors.view.thread_view`) is maintained like the run state: write-behind,
 its changes sent with the next commit of their history partition and applied to
@@ -75,8 +80,10 @@ def is_history(settings: Settings, topic: str) -> bool:
 
 
 def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
-                      view: ThreadView, tokens: TenantTokens | None) -> ThreadApi:
-    """Add the history agent and the API's routes to `app`; the API they serve."""
+                      view: ThreadView, tokens: TenantTokens | None,
+                      tenant_topics: list[str]) -> ThreadApi:
+    """Add the history agent and the API's routes to `app`; the API they serve.
+    `tenant_topics`: the tenants' history topics to read (per-tenant topics)."""
     owned: set[HistoryPartition] = set()  # the history partitions of the assignment
 
     async def partitions_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
@@ -104,9 +111,7 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
     api = ThreadApi(view, tokens, ReadProgress(settings.api_max_waiters,
                                                settings.api_max_waiters_per_tenant),
                     ready=ready, eraser=erase)
-    templates = settings.tenant_templates
-    history = (app.raw_topic(settings.history_topic) if templates is None
-               else app.raw_topic(pattern=re.compile(templates.history.pattern)))
+    names = [settings.history_topic] if settings.tenant_templates is None else tenant_topics
 
     async def view_recovered() -> None:
         # What was read while the table recovered (a partition's offset, the expiry
@@ -121,9 +126,11 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         if thread is not None:
             api.progress.advanced(thread)
 
-    @app.agent(history, name="thread-view")
     async def maintain_thread_view(stream: Any) -> None:
         await apply_each(stream, app, apply)
+
+    if names:  # (no tenant's topic yet: nothing to read, every thread unknown)
+        app.agent(app.raw_topic(*names), name="thread-view")(maintain_thread_view)
 
     async def answer(request: aiohttp.web.Request, name: str, route: Route,
                      paged: bool = True) -> aiohttp.web.Response:
