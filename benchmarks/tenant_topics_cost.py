@@ -55,7 +55,9 @@ def broker_pid() -> int:
 
 
 def directory_bytes(path: Path) -> int:
-    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
+    """Disk used, not apparent size: a partition's index files are preallocated
+    sparse (20 MiB apparent each segment)."""
+    return sum(file.stat().st_blocks * 512 for file in path.rglob("*") if file.is_file())
 
 
 def mib(size: int) -> str:
@@ -84,6 +86,7 @@ def process_backlog(namespace: Namespace, log_dir: Path, records: list, env: dic
                     ) -> tuple[float, float, int]:
     """A worker started on the backlog: seconds to ready, seconds from ready until it
     processed every record, RSS once ready."""
+    log_dir.mkdir(parents=True)
     produce(namespace.bootstrap, namespace.events, records)
     started = time.monotonic()
     worker = Worker(namespace, log_dir, AGUI_PROCESSING_GUARANTEE="exactly_once", **env)
