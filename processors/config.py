@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from processors.tap.runs import EchoMode
+from topics.tenant_topics import Template, matches_any, templates_problem
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,11 @@ DOCUMENTED: Final = (
     ("AGUI_INPUT_PATTERN", "", "regex of raw event topics (instead of AGUI_INPUT_TOPICS)"),
     ("AGUI_HISTORY_TOPIC", "agui.history", "history output topic"),
     ("AGUI_DEADLETTER_TOPIC", "agui.deadletter", "dead-letter output topic"),
+    ("AGUI_HISTORY_TOPIC_TEMPLATE", "", "per-tenant history topics, e.g."
+     " agui.history.{tenant} (set with AGUI_DEADLETTER_TOPIC_TEMPLATE; empty: every"
+     " tenant in AGUI_HISTORY_TOPIC). Topics are created per tenant: create-topics --tenant"),
+    ("AGUI_DEADLETTER_TOPIC_TEMPLATE", "", "per-tenant dead-letter topics, e.g."
+     " agui.deadletter.{tenant} (with AGUI_HISTORY_TOPIC_TEMPLATE)"),
     ("AGUI_PARTITIONS", "8", "partitions of the raw topics (tables are co-partitioned)"),
     ("AGUI_REPLICATION_FACTOR", "1", "replication of created topics (3 in production)"),
     ("AGUI_TENANT_HEADER", "tenant", "record header naming the tenant"),
@@ -127,6 +133,8 @@ class Settings:
     input_pattern: str | None
     history_topic: str
     deadletter_topic: str
+    # Per-tenant topics (None: every tenant in the shared topics above).
+    tenant_templates: TenantTemplates | None
     partitions: int
     replication_factor: int
     tenant_header: str
@@ -208,6 +216,11 @@ class Settings:
                 raise ConfigError(f"{name}={topic!r} is also an input topic (AGUI_INPUT_TOPICS"
                                   " or AGUI_INPUT_PATTERN): the workers would read their own"
                                   " output as agent events")
+        templates = _tenant_templates(get("AGUI_HISTORY_TOPIC_TEMPLATE"),
+                                      get("AGUI_DEADLETTER_TOPIC_TEMPLATE"))
+        if templates is not None:
+            _check_tenant_topics_apart(templates, (*names.values(), *topics), pattern,
+                                       get("AGUI_DEFAULT_TENANT"))
         servers = tuple(s.strip() for s in get("KAFKA_BOOTSTRAP_SERVERS").split(",") if s.strip())
         if not servers or not all(re.fullmatch(r"[^\s:]+:\d{1,5}", s) for s in servers):
             raise ConfigError("KAFKA_BOOTSTRAP_SERVERS must be host:port[,host:port...]")
@@ -230,6 +243,7 @@ class Settings:
             input_pattern=pattern,
             history_topic=names["AGUI_HISTORY_TOPIC"],
             deadletter_topic=names["AGUI_DEADLETTER_TOPIC"],
+            tenant_templates=templates,
             partitions=_integer("AGUI_PARTITIONS", get("AGUI_PARTITIONS"), 1, 10_000),
             replication_factor=_integer("AGUI_REPLICATION_FACTOR",
                                         get("AGUI_REPLICATION_FACTOR"), 1, 16),
@@ -350,6 +364,58 @@ class TapSettings:
                 "AGUI_TAP_CONNECT_TIMEOUT_SECONDS", get("AGUI_TAP_CONNECT_TIMEOUT_SECONDS"), 1,
                 600)),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TenantTemplates:
+    """AGUI_HISTORY_TOPIC_TEMPLATE and AGUI_DEADLETTER_TOPIC_TEMPLATE."""
+
+    history: Template
+    deadletter: Template
+
+    @property
+    def both(self) -> tuple[Template, Template]:
+        return self.history, self.deadletter
+
+
+def _tenant_templates(history: str, deadletter: str) -> TenantTemplates | None:
+    if not history and not deadletter:
+        return None
+    if not history or not deadletter:
+        raise ConfigError("set both AGUI_HISTORY_TOPIC_TEMPLATE and"
+                          " AGUI_DEADLETTER_TOPIC_TEMPLATE, or neither")
+    templates = TenantTemplates(Template(history), Template(deadletter))
+    for name, template in (("AGUI_HISTORY_TOPIC_TEMPLATE", templates.history),
+                           ("AGUI_DEADLETTER_TOPIC_TEMPLATE", templates.deadletter)):
+        problem = template.problem()
+        if problem is not None:
+            raise ConfigError(f"{name}: {problem}")
+    problem = templates_problem(*templates.both)
+    if problem is not None:
+        raise ConfigError(problem)
+    return templates
+
+
+def _check_tenant_topics_apart(templates: TenantTemplates, named: tuple[str, ...],
+                               pattern: str | None, default_tenant: str) -> None:
+    """No shared or raw topic is a tenant's topic (the thread view would read it as
+    history), and the raw topics' pattern matches no tenant's topic (the workers would
+    read their own output as agent events). The pattern is tried on sample tenants:
+    a regex's overlap with a template is not decidable in general."""
+    for topic in named:
+        if matches_any(templates.both, topic):
+            raise ConfigError(f"topic {topic!r} (AGUI_HISTORY_TOPIC, AGUI_DEADLETTER_TOPIC or"
+                              " AGUI_INPUT_TOPICS) is also a name the tenant topic templates"
+                              " give")
+    if pattern is None:
+        return
+    for template in templates.both:
+        for tenant in (default_tenant, "tenant", "a"):
+            sample = template.topic(tenant)
+            if sample is not None and re.match(pattern, sample):
+                raise ConfigError(f"AGUI_INPUT_PATTERN matches {sample!r}, a tenant's topic of"
+                                  f" {template.text!r}: the workers would read their own"
+                                  " output as agent events")
 
 
 def read_setting_file(variable: str, path: str) -> str:

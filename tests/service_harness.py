@@ -369,15 +369,16 @@ def view_tokens_file(directory: Path) -> str:
     return str(path)
 
 
-def history_fold(history: list[Consumed]) -> dict[str, tuple[list[dict[str, Any]], str]]:
+def history_fold(history: list[Consumed], tenant: str = "default",
+                 ) -> dict[str, tuple[list[dict[str, Any]], str]]:
     """What the thread view must hold, folded independently from the history topic:
-    per thread of the `default` tenant its messages in the order their ids first
+    per thread of `tenant` its messages in the order their ids first
     came, a message id seen again replacing the earlier one in place; and the
     thread's last run."""
     threads: dict[str, tuple[dict[str, dict[str, Any]], list[str]]] = {}
     for record in sorted(history, key=lambda r: (r.partition, r.offset)):
         value = record.value
-        if value.get("threadId") is None or value["tenant"] != "default":
+        if value.get("threadId") is None or value["tenant"] != tenant:
             continue
         messages, runs = threads.setdefault(value["threadId"], ({}, []))
         if value["kind"] == "message":
@@ -388,16 +389,18 @@ def history_fold(history: list[Consumed]) -> dict[str, tuple[list[dict[str, Any]
             for thread, (messages, runs) in threads.items() if runs}
 
 
-def assert_view_matches_history(worker: Worker, history: list[Consumed]) -> None:
-    """Every thread the history topic has, read through the worker's thread API
-    (waiting for its last run), is the independent fold of the history topic. A
-    503 (the thread's partition moving: a worker just left) is retried."""
+def assert_view_matches_history(worker: Worker, history: list[Consumed],
+                                tenant: str = "default", token: str = VIEW_TOKEN) -> None:
+    """Every thread of `tenant` (`token` is its) the history topic has, read through
+    the worker's thread API (waiting for its last run), is the independent fold of the
+    history topic. A 503 (the thread's partition moving: a worker just left) is
+    retried."""
     answers: dict[str, Any] = {}
 
     def answered(thread: str, last_run: str) -> bool:
         request = urllib.request.Request(
             f"http://127.0.0.1:{worker.port}/v1/threads/{thread}/messages?run={last_run}",
-            headers={"Authorization": f"Bearer {VIEW_TOKEN}"})
+            headers={"Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 answers[thread] = orjson.loads(response.read())
@@ -407,7 +410,7 @@ def assert_view_matches_history(worker: Worker, history: list[Consumed]) -> None
                 raise
             return False
 
-    for thread, (messages, last_run) in history_fold(history).items():
+    for thread, (messages, last_run) in history_fold(history, tenant).items():
         wait_for(lambda thread=thread, run=last_run: answered(thread, run), 120,
                  f"the view to answer for thread {thread}", worker.log_tail)
         assert answers[thread]["messages"] == messages, f"thread {thread} in the view"

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from topics.declarations import TABLE_NAMES, changelog_topic, idle_ticks_topic
+from topics.tenant_topics import Template, encode_tenant
 
 
 class Operation(enum.IntEnum):
@@ -78,6 +79,8 @@ class Layout:
     input_pattern: str | None
     history_topic: str
     deadletter_topic: str
+    # (history, dead-letter) templates of the per-tenant layout; None: shared topics.
+    tenant_templates: tuple[Template, Template] | None = None
 
     @property
     def internal_prefix(self) -> str:
@@ -107,21 +110,29 @@ def worker_acls(layout: Layout, principal: str = WORKER) -> list[Acl]:
             pattern: Pattern = Pattern.LITERAL) -> Acl:
         return Acl(principal, operation, resource, name, pattern, why)
 
+    if layout.tenant_templates is None:
+        history, history_pattern = layout.history_topic, Pattern.LITERAL
+        tenant_deadletters: list[Acl] = []
+    else:  # every tenant's topics, by the templates' prefixes; never CREATE
+        history_template, deadletter_template = layout.tenant_templates
+        history, history_pattern = history_template.prefix, Pattern.PREFIXED
+        tenant_deadletters = [] if deadletter_template.prefix == history else [
+            acl(operation, Resource.TOPIC, deadletter_template.prefix, why, Pattern.PREFIXED)
+            for operation, why in _DEADLETTER_GRANTS]
     return [
         *(acl(Operation.READ, Resource.TOPIC, name, "consumes the raw events", pattern)
           for name, pattern in _input_resources(layout)),
         acl(Operation.READ, Resource.GROUP, layout.app_id,
             "joins its consumer group (raw topics, internal topics, thread view)"),
-        acl(Operation.WRITE, Resource.TOPIC, layout.history_topic,
-            "publishes the reassembled messages"),
-        acl(Operation.READ, Resource.TOPIC, layout.history_topic,
-            "reads the history (its thread view)"),
-        acl(Operation.DESCRIBE_CONFIGS, Resource.TOPIC, layout.history_topic,
-            "sizes each record to the topic's max.message.bytes"),
-        acl(Operation.WRITE, Resource.TOPIC, layout.deadletter_topic,
-            "publishes failures and warnings"),
-        acl(Operation.DESCRIBE_CONFIGS, Resource.TOPIC, layout.deadletter_topic,
-            "sizes each record to the topic's max.message.bytes"),
+        acl(Operation.WRITE, Resource.TOPIC, history, "publishes the reassembled messages",
+            history_pattern),
+        acl(Operation.READ, Resource.TOPIC, history, "reads the history (its thread view)",
+            history_pattern),
+        acl(Operation.DESCRIBE_CONFIGS, Resource.TOPIC, history,
+            "sizes each record to the topic's max.message.bytes", history_pattern),
+        *tenant_deadletters,
+        *(acl(operation, Resource.TOPIC, layout.deadletter_topic, why)
+          for operation, why in _DEADLETTER_GRANTS),
         *(acl(operation, Resource.TOPIC, prefix, why, Pattern.PREFIXED)
           for operation, why in (
               (Operation.CREATE, "creates its changelog and idle-ticks topics"),
@@ -134,13 +145,42 @@ def worker_acls(layout: Layout, principal: str = WORKER) -> list[Acl]:
     ]
 
 
+_DEADLETTER_GRANTS = (
+    (Operation.WRITE, "publishes failures and warnings"),
+    (Operation.DESCRIBE_CONFIGS, "sizes each record to the topic's max.message.bytes"))
+
+
 def history_service_acls(layout: Layout, principal: str = HISTORY_SERVICE,
                          group: str = HISTORY_SERVICE_GROUP) -> list[Acl]:
-    """The service that hands a producer its conversation back: history, nothing else."""
+    """The service that hands a producer its conversation back: history, nothing else.
+    In the per-tenant layout there is no shared history: see `tenant_service_acls`."""
+    if layout.tenant_templates is not None:
+        return []
     return [
         Acl(principal, Operation.READ, Resource.TOPIC, layout.history_topic,
             Pattern.LITERAL, "reads the history"),
         Acl(principal, Operation.READ, Resource.GROUP, group, Pattern.LITERAL,
+            "joins its own consumer group"),
+    ]
+
+
+def tenant_service_acls(layout: Layout, tenant: str, principal: str | None = None,
+                        group: str | None = None) -> list[Acl]:
+    """One tenant's history service (per-tenant layout): its own history topic, nothing
+    else. Its principal and group default to the history service's, with the tenant
+    (as in its topic's name) appended."""
+    if layout.tenant_templates is None:
+        raise ValueError("a tenant's own history service needs per-tenant topics"
+                         " (AGUI_HISTORY_TOPIC_TEMPLATE)")
+    topic = layout.tenant_templates[0].topic(tenant)
+    if topic is None:
+        raise ValueError(f"tenant {tenant!r}: its topic's name would exceed Kafka's limit")
+    suffix = f"-{encode_tenant(tenant)}"
+    return [
+        Acl(principal or HISTORY_SERVICE + suffix, Operation.READ, Resource.TOPIC, topic,
+            Pattern.LITERAL, "reads its tenant's history"),
+        Acl(principal or HISTORY_SERVICE + suffix, Operation.READ, Resource.GROUP,
+            group or HISTORY_SERVICE_GROUP + suffix, Pattern.LITERAL,
             "joins its own consumer group"),
     ]
 
@@ -155,17 +195,21 @@ def agent_server_acls(layout: Layout, principal: str = AGENT_SERVER) -> list[Acl
 def deployment_acls(layout: Layout, *, worker: str = WORKER,
                     history_service: str = HISTORY_SERVICE,
                     history_group: str = HISTORY_SERVICE_GROUP,
-                    agent_server: str = AGENT_SERVER) -> list[Acl]:
-    """Every principal's ACLs: the workers', the history service's, the agent servers'."""
+                    agent_server: str = AGENT_SERVER,
+                    tenants: Iterable[str] = ()) -> list[Acl]:
+    """Every principal's ACLs: the workers', the history service's (per-tenant layout:
+    each of `tenants`' own), the agent servers'."""
     return [*worker_acls(layout, worker),
             *history_service_acls(layout, history_service, history_group),
+            *(acl for tenant in tenants for acl in tenant_service_acls(layout, tenant)),
             *agent_server_acls(layout, agent_server)]
 
 
-def acl_document(layout: Layout, *, markdown: bool = False, **principals: str) -> str:
+def acl_document(layout: Layout, *, markdown: bool = False, tenants: Iterable[str] = (),
+                 **principals: str) -> str:
     """The ACLs of a deployment: `kafka-acls.sh` commands, or (`markdown`) the table and
     the commands that `docs/operations.md` shows."""
-    acls = deployment_acls(layout, **principals)
+    acls = deployment_acls(layout, tenants=tenants, **principals)
     commands = kafka_acls_commands(acls)
     if not markdown:
         return commands

@@ -55,25 +55,38 @@ def service_topics(
     *,
     app_id: str,
     input_topics: tuple[str, ...],
-    history_topic: str,
+    history_topic: str | None,
     deadletter_topic: str,
     partitions: int,
     replication_factor: int,
     max_record_bytes: int,
 ) -> list[TopicSpec]:
+    """`history_topic` None: the per-tenant layout, with no shared history."""
     sized = {"max.message.bytes": str(largest_record(max_record_bytes))}
     return [
         *(TopicSpec(t, partitions, replication_factor, {"retention.ms": str(7 * DAY_MS)})
           for t in input_topics),
-        # History carries every tenant's encrypted values: it is meant for the
-        # producers' history service, behind ACLs (docs/operations.md).
-        TopicSpec(history_topic, partitions, replication_factor,
-                  {"retention.ms": str(7 * DAY_MS), **sized}),
-        TopicSpec(deadletter_topic, partitions, replication_factor,
-                  {"retention.ms": str(14 * DAY_MS), **sized}),
+        *output_topics(history_topic, deadletter_topic, partitions, replication_factor,
+                       max_record_bytes),
         TopicSpec(idle_ticks_topic(app_id), partitions, replication_factor,
                   {"retention.ms": str(3_600_000)}),
         *(TopicSpec(changelog_topic(app_id, table), partitions, replication_factor,
                     {"cleanup.policy": "compact", **sized})
           for table in TABLE_NAMES),
     ]
+
+
+def output_topics(history_topic: str | None, deadletter_topic: str | None, partitions: int,
+                  replication_factor: int, max_record_bytes: int) -> list[TopicSpec]:
+    """The history and dead-letter topics: the shared ones, or one tenant's (the same
+    partitions, so that they are co-partitioned with the raw topics, and settings)."""
+    sized = {"max.message.bytes": str(largest_record(max_record_bytes))}
+    # History carries its tenants' encrypted values: it is meant for the producers'
+    # history service, behind ACLs (docs/operations.md).
+    history = [] if history_topic is None else [TopicSpec(
+        history_topic, partitions, replication_factor,
+        {"retention.ms": str(7 * DAY_MS), **sized})]
+    deadletter = [] if deadletter_topic is None else [TopicSpec(
+        deadletter_topic, partitions, replication_factor,
+        {"retention.ms": str(14 * DAY_MS), **sized})]
+    return [*history, *deadletter]

@@ -55,6 +55,8 @@ class WarningCode(StrEnum):
     ACTIVITY_UNKNOWN_MESSAGE = "activity_unknown_message"
     MESSAGE_ID_CONFLICT = "message_id_conflict"
     SUBAGENT_REUSED = "subagent_reused"
+    # Per-tenant topics (docs/operations.md): the tenant's topic does not exist.
+    TENANT_TOPIC_MISSING = "tenant_topic_missing"
 
 
 class LossReason(StrEnum):
@@ -66,6 +68,7 @@ class LossReason(StrEnum):
     RUN_ABANDONED = "run_abandoned"
     INCOMPLETE_AT_ERROR = "incomplete_at_error"
     NOT_STORABLE = "not_storable"
+    TENANT_TOPIC_MISSING = "tenant_topic_missing"
 
 
 class Outcome(StrEnum):

@@ -29,6 +29,7 @@ from processors.engine.decisions import (
     Warned,
 )
 from processors.metrics import Metrics
+from processors.processing.routing import TenantRouting
 from topics.declarations import largest_record
 from topics.records import (
     DeadLetter,
@@ -78,10 +79,10 @@ def incoming_record(message: Any) -> Incoming:
     timestamp = message.timestamp
     return Incoming(message.topic, message.partition, message.offset,
                     None if timestamp is None else int(timestamp * 1000),
-                    message.key or b"", message.value or b"", _header_list(message.headers))
+                    message.key or b"", message.value or b"", header_list(message.headers))
 
 
-def _header_list(headers: Any) -> Headers:
+def header_list(headers: Any) -> Headers:
     if not headers:
         return []
     items = headers.items() if isinstance(headers, dict) else headers
@@ -96,16 +97,20 @@ class Outgoing(NamedTuple):
 
 
 class OutputBuilder:
+    """`routing`: the per-tenant layout (None: every tenant's outputs go to
+    `history_topic` and `deadletter_topic`)."""
+
     def __init__(self, history_topic: str, deadletter_topic: str, max_record_bytes: int,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, routing: TenantRouting | None = None) -> None:
         self.history_topic = history_topic
         self.deadletter_topic = deadletter_topic
         self.max_record_bytes = max_record_bytes  # the largest history message published
         self.metrics = metrics
+        self.routing = routing
         # The largest record each output topic takes, as the broker says
         # (`set_topic_limit`); until it has, what `create-topics` gives them.
-        self.topic_limits = dict.fromkeys((history_topic, deadletter_topic),
-                                          largest_record(max_record_bytes))
+        self.default_limit = largest_record(max_record_bytes)
+        self.topic_limits: dict[str, int] = {}
 
     def set_topic_limit(self, topic: str, limit: int) -> None:
         """The broker's max.message.bytes for `topic` (with the producer's request
@@ -113,9 +118,38 @@ class OutputBuilder:
         self.topic_limits[topic] = limit
 
     def _fits(self, topic: str, key: bytes, value: bytes, headers: Headers) -> bool:
-        return record_bytes(key, value, headers) <= self.topic_limits[topic]
+        return (record_bytes(key, value, headers)
+                <= self.topic_limits.get(topic, self.default_limit))
+
+    def _history_topic(self, tenant: str) -> str:
+        if self.routing is None:
+            return self.history_topic
+        return self.routing.topics(tenant).history or self.history_topic  # (not routable)
+
+    def _deadletter_topic(self, tenant: str) -> str:
+        if self.routing is None:
+            return self.deadletter_topic
+        return self.routing.topics(tenant).deadletter or self.deadletter_topic
 
     def build(self, step: Step, record: Incoming, tenant: str) -> list[Outgoing]:
+        runs = (getattr(decision, "run", None) for decision in step.decisions)
+        run = next((run for run in runs if run is not None), None)
+        return self._published(self._build(step, record, tenant), record, tenant, run)
+
+    def _published(self, out: list[Outgoing], record: Incoming, tenant: str,
+                   run: RunIdentity | None) -> list[Outgoing]:
+        """`out`, or when the tenant's topics do not exist, the one dead letter that
+        says so; counted (history records, dead letters by kind)."""
+        if out and self.routing is not None and self.routing.missing(tenant):
+            out = [self._tenant_topic_missing(out, record, tenant, run)]
+        for outgoing in out:
+            if outgoing.headers and outgoing.headers[0][0] == _DLQ_CODE:
+                self.metrics.deadletter_records.labels(outgoing.headers[1][1].decode()).inc()
+            else:
+                self.metrics.history_records.inc()
+        return out
+
+    def _build(self, step: Step, record: Incoming, tenant: str) -> list[Outgoing]:
         metrics = self.metrics
         metrics.count_event(step.event_type)
         out: list[Outgoing] = []
@@ -164,7 +198,33 @@ class OutputBuilder:
             out.append(self._closing(tenant, run, HistoryRun(
                 tenant=tenant, threadId=run.thread_id, runId=run.run_id, outcome="failed",
                 messageCount=0, failure=RunFailure(code="processing_error")), record))
-        return out
+        return self._published(out, record, tenant, run)
+
+    def _tenant_topic_missing(self, unpublished: list[Outgoing], record: Incoming,
+                              tenant: str, run: RunIdentity | None) -> Outgoing:
+        """The tenant's topics do not exist: what its record produced cannot be
+        published (a partition never waits for an operator). One dead letter in the
+        shared topic instead, naming what to create; nothing of the tenant's content
+        in it (the per-tenant layout keeps that out of shared topics)."""
+        assert self.routing is not None
+        missing = self.routing.missing(tenant)
+        history = [out for out in unpublished if out.topic != self._deadletter_topic(tenant)]
+        values = sum(_encrypted_values(orjson.loads(out.value).get("message", {}))
+                     for out in history)
+        self.count_lost(LossReason.TENANT_TOPIC_MISSING, values)
+        self.metrics.warnings.labels(WarningCode.TENANT_TOPIC_MISSING.value).inc()
+        if "" in missing:
+            cause = ("the tenant's name is too long for a topic name (Kafka allows 249"
+                     " characters): its outputs cannot be published in this layout")
+        else:
+            cause = (f"topic(s) {', '.join(missing)} do not exist: an administrator creates"
+                     " them with agui-stream create-topics --tenant")
+        reason = (f"{cause}; {len(history)} history record(s) and"
+                  f" {len(unpublished) - len(history)} dead letter(s) of this record were"
+                  f" not published ({values} encrypted value(s) lost)")
+        return self._dead_letter("warning", WarningCode.TENANT_TOPIC_MISSING.value, reason,
+                                 run, record, tenant, include_event=False,
+                                 topic=self.deadletter_topic)
 
     # --- history ----------------------------------------------------------------------
 
@@ -173,6 +233,7 @@ class OutputBuilder:
         thread_id = None if run is None else run.thread_id
         run_id = None if run is None else run.run_id
         key = _history_key(tenant, thread_id)
+        topic = self._history_topic(tenant)
         published: list[Outgoing] = []
         dead_letters: list[Outgoing] = []
         for entry in concluded.entries:
@@ -184,10 +245,10 @@ class OutputBuilder:
                 value = HistoryMessage.encode(tenant, thread_id, run_id, seq, entry.message,
                                               entry.kind)  # type: ignore[arg-type]
             if (len(value) + len(key) > self.max_record_bytes
-                    or not self._fits(self.history_topic, key, value, [])):
+                    or not self._fits(topic, key, value, [])):
                 dead_letters.append(self._not_storable(entry.message, run, record, tenant))
                 continue
-            published.append(Outgoing(self.history_topic, key, value, []))
+            published.append(Outgoing(topic, key, value, []))
         detail = concluded.detail or {}
         closing = HistoryRun(
             tenant=tenant, threadId=thread_id, runId=run_id, outcome=concluded.outcome.value,
@@ -196,7 +257,6 @@ class OutputBuilder:
             interrupts=detail.get("interrupts"), usage=concluded.usage, error=concluded.error,
             inputEchoed=concluded.input_echoed, late=True if concluded.late else None,
         )
-        self.metrics.history_records.inc(len(published))
         closed = self._closing(tenant, run, closing, record)
         return [*dead_letters, *published, closed]
 
@@ -206,9 +266,10 @@ class OutputBuilder:
         (`truncated` names them), largest first; if even the bare record cannot be
         sent (a thread id of a megabyte), a `not_storable` dead letter instead."""
         key = _history_key(tenant, None if run is None else run.thread_id)
+        topic = self._history_topic(tenant)
         value = closing.to_bytes()
         left_out: list[str] = []
-        while not self._fits(self.history_topic, key, value, []):
+        while not self._fits(topic, key, value, []):
             optional = {name: len(orjson.dumps(getattr(closing, name)))
                         for name in _CLOSING_OPTIONAL if getattr(closing, name) is not None}
             if not optional:
@@ -222,14 +283,11 @@ class OutputBuilder:
             left_out.append(largest)
             closing = closing.model_copy(update={largest: None, "truncated": left_out})
             value = closing.to_bytes()
-        self.metrics.history_records.inc()
-        return Outgoing(self.history_topic, key, value, [])
+        return Outgoing(topic, key, value, [])
 
     def _not_storable(self, message: dict[str, Any], run: RunIdentity | None, record: Incoming,
                       tenant: str) -> Outgoing:
-        values = (1 if "encryptedValue" in message else 0) + sum(
-            1 for call in message.get("toolCalls", ()) if "encryptedValue" in call
-        )
+        values = _encrypted_values(message)
         for _ in range(values):
             self.metrics.encrypted_content_lost.labels(LossReason.NOT_STORABLE.value).inc()
         self.metrics.warnings.labels(WarningCode.NOT_STORABLE.value).inc()
@@ -241,10 +299,11 @@ class OutputBuilder:
     # --- dead letters -------------------------------------------------------------------
 
     def _dead_letter(self, kind: str, code: str, reason: str, run: RunIdentity | None,
-                     record: Incoming, tenant: str, include_event: bool = True) -> Outgoing:
-        """The dead letter of `record`. Never raises: if the event copy cannot be
-        built, the record still gets a minimal one (code, reason, tenant, source)."""
-        self.metrics.deadletter_records.labels(kind).inc()
+                     record: Incoming, tenant: str, include_event: bool = True,
+                     topic: str | None = None) -> Outgoing:
+        """The dead letter of `record`, to `topic` (None: the tenant's). Never raises:
+        if the event copy cannot be built, the record still gets a minimal one (code,
+        reason, tenant, source)."""
         source = SourceCoordinates(topic=record.topic, partition=record.partition,
                                    offset=record.offset, timestamp=record.timestamp)
         fields: dict[str, Any] = {
@@ -260,15 +319,15 @@ class OutputBuilder:
             log.error("could not copy the event into its dead letter (%s); sent without it",
                       type(error).__name__)
             value = DeadLetter(**fields).to_bytes()
-        own: Headers = [
-            ("agui.dlq.code", code.encode()),
+        own: Headers = [  # code and kind first (`_published` counts by them)
+            (_DLQ_CODE, code.encode()),
             ("agui.dlq.kind", kind.encode()),
             ("agui.dlq.topic", record.topic.encode()),
             ("agui.dlq.partition", str(record.partition).encode()),
             ("agui.dlq.offset", str(record.offset).encode()),
         ]
         key, headers = record.key, [*own, *record.headers]
-        topic = self.deadletter_topic
+        topic = topic or self._deadletter_topic(tenant)
         # Sized before it is sent, headers included: what does not fit is left out, and
         # the record says so (topics/records.py, DeadLetter). Never an unsendable record.
         if not self._fits(topic, key, value, headers):
@@ -290,8 +349,15 @@ class OutputBuilder:
         return Outgoing(topic, key, value, headers)
 
 
+_DLQ_CODE = "agui.dlq.code"
 # A closing record's optional fields, which it may leave out to fit its topic.
 _CLOSING_OPTIONAL = ("interrupts", "usage", "error", "pendingToolCallIds")
+
+
+def _encrypted_values(message: dict[str, Any]) -> int:
+    """The encrypted values a history message carries (its own, its tool calls')."""
+    return (1 if "encryptedValue" in message else 0) + sum(
+        1 for call in message.get("toolCalls", ()) if "encryptedValue" in call)
 
 
 def _history_key(tenant: str, thread_id: str | None) -> bytes:

@@ -166,7 +166,7 @@ class RecordProcessor:
         tenant = self.default_tenant
         state_key = b""
         try:
-            tenant = self._tenant(record.headers)
+            tenant = self.tenant(record.headers)
             state_key = state_key_for(tenant, record.key)
             out: list[Outgoing] = []
             cached = self._cached(state_key, record.partition, now, record, out)
@@ -275,7 +275,8 @@ class RecordProcessor:
 
     # --- internals -------------------------------------------------------------------
 
-    def _tenant(self, headers: Iterable[tuple[str, bytes]]) -> str:
+    def tenant(self, headers: Iterable[tuple[str, bytes]]) -> str:
+        """The tenant a record's headers name."""
         for name, value in headers:
             if name == self.tenant_header and value:
                 return value.decode("utf-8", "replace")

@@ -32,12 +32,13 @@ from processors.engine.limits import RunLimits
 from processors.metrics import Metrics
 from processors.processing.outputs import OutputBuilder
 from processors.processing.record_processor import RecordProcessor, StoredTables
+from processors.processing.routing import TenantRouting
 from processors.runtime.commit import WriteBehindTable
 from processors.runtime.faust_adaptations import AdaptedApp, CommitProducer
 from processors.runtime.health import Liveness
 from processors.runtime.jobs import WorkerJobs
 from processors.runtime.kafka_client import faust_credentials
-from processors.runtime.view_service import serve_thread_view
+from processors.runtime.view_service import is_history, serve_thread_view
 from processors.runtime.web_server import WebLimits
 from processors.view.tenant_tokens import TenantTokens
 from processors.view.thread_view import ThreadView
@@ -107,7 +108,8 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
                topic_limits: dict[str, int] | None = None) -> AdaptedApp:
     """The Faust app with its tables, agents, sweep timer and web pages; `tokens` are
     the thread API's (None: the API refuses every request); `topic_limits` the
-    largest record each output topic takes, as the broker said at start."""
+    largest record each output topic that exists takes, as the broker said at start
+    (with per-tenant topics, which tenants' topics exist)."""
     app: AdaptedApp = faust_app(settings)
     app.web_limits = WebLimits(settings.api_bind, settings.metrics_port,
                                settings.api_max_connections)  # before any page
@@ -129,12 +131,19 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     for table in tables.values():
         app.tables.add(table)
     producer = cast(CommitProducer, app.producer)
-    producer.commit_topics = (settings.history_topic, settings.deadletter_topic,
-                              *sorted(app.tables.changelog_topics))
+    templates = settings.tenant_templates
+    routing = None if templates is None else TenantRouting(*templates.both)
+    # (A tenant's topics are learnt by the first commit that writes them: with many
+    # tenants, learning them all ahead would cost each new producer more than it saves.)
+    shared = ((settings.history_topic,) if routing is None else ()) + (
+        settings.deadletter_topic,)
+    producer.commit_topics = (*shared, *sorted(app.tables.changelog_topics))
     builder = OutputBuilder(settings.history_topic, settings.deadletter_topic,
-                            settings.max_record_bytes, metrics)
+                            settings.max_record_bytes, metrics, routing)
     for topic, limit in (topic_limits or {}).items():
         builder.set_topic_limit(topic, limit)
+    if routing is not None:
+        routing.learn(topic_limits or {})
     processor = RecordProcessor(
         builder, metrics, StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
         tenant_header=settings.tenant_header, default_tenant=settings.default_tenant,
@@ -143,8 +152,12 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
                          settings.run_max_items),
         tenant_open_runs=settings.tenant_max_open_runs)
     view = ThreadView(tables[VIEW_TABLE], partitions=settings.partitions,
-                      retention_seconds=settings.view_retention_seconds)
-    serve_thread_view(app, settings, metrics, view, tokens)
+                      retention_seconds=settings.view_retention_seconds,
+                      history_topic=settings.history_topic,
+                      tenant_topic=None if templates is None else templates.history.topic)
+    serve_thread_view(app, settings, metrics, view, tokens,
+                      sorted(name for name in topic_limits or {}
+                             if templates is not None and is_history(settings, name)))
     jobs = WorkerJobs(app, settings, metrics, processor, view, producer, tables,
                       Liveness(settings.stall_seconds, time.monotonic()))
 

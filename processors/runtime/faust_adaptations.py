@@ -541,6 +541,12 @@ class CommitProducer(faust_aiokafka.Producer):
             self._learning.add(learning)
             learning.add_done_callback(self._learning.discard)
 
+    async def topic_names(self) -> set[str]:
+        """The names of every topic the broker shows this principal, over the producer's
+        own connection (a metadata request naming no topic: it creates none)."""
+        metadata = await self._ensure_producer().client.fetch_all_metadata()
+        return set(metadata.topics())
+
     async def _learn_partitions(self, producer: Any, transactional_id: str) -> None:
         try:
             await asyncio.gather(*(producer.partitions_for(topic)
@@ -917,7 +923,8 @@ AGENT_TURN_SECONDS: Final = 0.002
 
 
 async def apply_each(stream: Any, app: AdaptedApp, apply: Callable[[Any], None],
-                     clock: Callable[[], float] = monotonic) -> None:
+                     clock: Callable[[], float] = monotonic,
+                     prepare: Callable[[Any], Awaitable[None] | None] | None = None) -> None:
     """An agent's loop: `apply` each event of the stream (synchronous, so no commit
     starts while it runs), waiting while a commit takes its batch (`force_commit`).
     It iterates the stream itself, not `stream.events()` (one async generator less
@@ -931,11 +938,17 @@ async def apply_each(stream: Any, app: AdaptedApp, apply: Callable[[Any], None],
     every `AGENT_TURN_SECONDS` of records, and after every record while a commit is
     in flight (its records are readable only after the next commit anyway), so that
     each of the commit's round trips goes on as soon as its answer arrives.
-    Proof: tests/runtime/test_faust_adaptations.py; service_bench.py part 4 (history latency)."""
+    Proof: tests/runtime/test_faust_adaptations.py; service_bench.py part 4 (history latency).
+    `prepare(event)`, if given, is awaited before the record is applied when it
+    returns an awaitable (the worker looks up a tenant's topics so)."""
     boundary = app.record_boundary
     turn_ends = clock() + AGENT_TURN_SECONDS
     async for _value in stream:
         event = stream.current_event
+        if prepare is not None:
+            waiting = prepare(event)
+            if waiting is not None:
+                await waiting
         if boundary.locked():
             async with boundary:
                 apply(event)

@@ -15,13 +15,14 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Final
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import Settings
 from processors.metrics import Metrics
-from processors.processing.outputs import Outgoing, incoming_record
+from processors.processing.outputs import Outgoing, header_list, incoming_record
 from processors.processing.record_processor import RecordProcessor
 from processors.runtime.commit import (
     PartitionBatch,
@@ -37,7 +38,7 @@ from processors.runtime.faust_adaptations import (
 )
 from processors.runtime.health import Liveness
 from processors.runtime.topic_admin import output_limits
-from processors.runtime.view_service import measure_view
+from processors.runtime.view_service import is_history, measure_view
 from processors.safe_logging import log_exception_kind
 from processors.view.thread_view import ThreadView
 from topics.declarations import idle_ticks_topic
@@ -46,6 +47,10 @@ log = logging.getLogger("agui_stream")
 
 # aiohttp takes the charset separately; Prometheus' text format is UTF-8 anyway.
 _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
+
+# The least time between two look-ups of tenants' topics outside the refresh: a
+# producer naming a new tenant in every record cannot make every record wait for one.
+TOPIC_LOOKUP_SECONDS: Final = 1.0
 
 
 class WorkerJobs:
@@ -63,8 +68,10 @@ class WorkerJobs:
         self.tables = tables
         self.liveness = liveness
         self.ticks = idle_ticks_topic(settings.app_id)
-        # Written and read by workers: never an input.
+        # Written and read by workers: never an input (nor a history topic).
         self.own_topics = frozenset((self.ticks, settings.history_topic))
+        self.routing = processor.builder.routing
+        self.last_lookup = -TOPIC_LOOKUP_SECONDS
         # Any topic of the agent's group gives a partition's transactional id.
         self.group_topic = settings.input_topics[0] if settings.input_topics else self.ticks
         # What each partition's records produced since the last commit.
@@ -97,7 +104,32 @@ class WorkerJobs:
         self.agent_streams.append(stream)
         if self.settings.test_stall_agent:  # test only: input waits, nothing is processed
             await asyncio.Event().wait()
-        await apply_each(stream, self.app, self.apply)
+        prepare = None if self.routing is None else self.prepare
+        await apply_each(stream, self.app, self.apply, prepare=prepare)
+
+    def prepare(self, event: Any) -> Awaitable[None] | None:
+        """Per-tenant topics: before a record of a tenant whose topics were not there
+        at the last refresh, look once more (an administrator may just have created
+        them), so that its run is not taken for unpublishable. None: nothing to wait
+        for."""
+        assert self.routing is not None
+        message = event.message
+        if message.topic == self.ticks:
+            return None
+        tenant = self.processor.tenant(header_list(message.headers))
+        if self.routing.settled(tenant) or (
+                time.monotonic() - self.last_lookup < TOPIC_LOOKUP_SECONDS):
+            return None
+        self.last_lookup = time.monotonic()
+        return self.look_up_tenant_topics(tenant)
+
+    async def look_up_tenant_topics(self, tenant: str) -> None:
+        assert self.routing is not None
+        try:
+            self.routing.looked_up(tenant, await self.producer.topic_names())
+        except Exception as error:  # the record goes on: its topics count as missing
+            log_exception_kind(log, logging.WARNING, "could not look up a tenant's topics",
+                               error)
 
     # --- the commit -----------------------------------------------------------------
 
@@ -153,10 +185,14 @@ class WorkerJobs:
 
     async def refresh_topic_limits(self) -> None:
         """Learn again the largest record each output topic takes (an operator may
-        change a topic's max.message.bytes), so that every record built fits."""
+        change a topic's max.message.bytes), so that every record built fits; with
+        per-tenant topics, which tenants' topics exist."""
         try:
-            for topic, limit in (await output_limits(self.settings)).items():
+            limits = await output_limits(self.settings)
+            for topic, limit in limits.items():
                 self.processor.builder.set_topic_limit(topic, limit)
+            if self.routing is not None:
+                self.routing.learn(limits)
         except Exception as error:  # an exception in a Faust timer would crash the worker
             log_exception_kind(log, logging.WARNING, "could not read the topics' limits", error)
 
@@ -186,18 +222,20 @@ class WorkerJobs:
         self.refuse_foreign_partition_counts(assigned)
 
     def refuse_foreign_partition_counts(self, assigned: Any) -> None:
-        """A raw topic the pattern matched since the start must have AGUI_PARTITIONS
-        partitions like the rest (processors.runtime.topic_admin): otherwise the worker
-        stops at once, exit 2, without a commit (what a kill does, which is safe)."""
+        """A raw topic the pattern matched, or a tenant's history topic created, since
+        the start must have AGUI_PARTITIONS partitions like the rest
+        (processors.runtime.topic_admin): otherwise the worker stops at once, exit 2,
+        without a commit (what a kill does, which is safe)."""
         for topic in sorted({tp.topic for tp in assigned} - self.checked_topics):
             self.checked_topics.add(topic)
-            if not self.is_input(topic):
+            if not (self.is_input(topic) or is_history(self.settings, topic)):
                 continue
             partitions = self.app.consumer.topic_partitions(topic)
             if partitions is not None and partitions != self.settings.partitions:
                 stop_for_configuration(
-                    f"input topic {topic} has {partitions} partitions; AGUI_PARTITIONS is"
-                    f" {self.settings.partitions}, and every raw topic must have that many")
+                    f"topic {topic} has {partitions} partitions; AGUI_PARTITIONS is"
+                    f" {self.settings.partitions}, and every raw and history topic must have"
+                    " that many")
 
     # --- pages ----------------------------------------------------------------------
 
@@ -239,7 +277,8 @@ class WorkerJobs:
     def is_input(self, topic: str) -> bool:
         """A raw event topic: not one the workers write themselves (idle ticks, history),
         nor a table changelog."""
-        return topic not in self.own_topics and topic not in self.app.tables.changelog_topics
+        return (topic not in self.own_topics and topic not in self.app.tables.changelog_topics
+                and not is_history(self.settings, topic))
 
     def input_partitions(self) -> int:
         """How many input partitions this worker owns now (0 before it joined the group)."""

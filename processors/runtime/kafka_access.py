@@ -48,6 +48,7 @@ from processors.runtime.topic_admin import (
     create_topics,
     existing_topics,
     input_topics_now,
+    tenant_topics_now,
 )
 from topics.acls import Acl, Layout, Operation, Pattern, Resource, kafka_acls_commands
 from topics.acls import worker_acls as layout_acls
@@ -74,7 +75,9 @@ def layout(settings: Settings) -> Layout:
     return Layout(app_id=settings.app_id, input_topics=settings.input_topics,
                   input_pattern=settings.input_pattern,
                   history_topic=settings.history_topic,
-                  deadletter_topic=settings.deadletter_topic)
+                  deadletter_topic=settings.deadletter_topic,
+                  tenant_templates=(None if settings.tenant_templates is None
+                                    else settings.tenant_templates.both))
 
 
 def principal(settings: Settings) -> str:
@@ -181,15 +184,17 @@ async def startup_problems(settings: Settings) -> tuple[list[str], dict[str, int
     problem = await connection_problem(settings)
     if problem is not None:
         return [problem], {}
-    inputs = input_topics_now(settings, await existing_topics(settings))
-    missing = await missing_acls(settings, inputs)
+    existing = await existing_topics(settings)
+    inputs = input_topics_now(settings, existing)
+    tenants = tenant_topics_now(settings, existing)
+    missing = await missing_acls(settings, inputs, tenants)
     if not missing:
         try:
             created = await create_topics(settings, include_inputs=False)
         except TopicsNotCreated as error:
             return [str(error)], {}
         if created:
-            missing = await missing_acls(settings, inputs)
+            missing = await missing_acls(settings, inputs, tenants)
     if missing:
         return describe_missing(missing), {}
     return await checked_topics(settings)
@@ -264,18 +269,21 @@ class _GroupOperations(Request[_DescribeGroupsRequestV3]):  # type: ignore[misc]
         return request_struct_class([self._group], True)
 
 
-async def missing_acls(settings: Settings, inputs: list[str]) -> list[Acl]:
+async def missing_acls(settings: Settings, inputs: list[str],
+                       tenants: list[str]) -> list[Acl]:
     """The entries of `worker_acls` the broker does not grant this worker's principal.
-    `inputs`: the raw topics it reads now. A topic that does not exist yet is not
-    judged (the worker creates its internal topics before it asks)."""
+    `inputs`: the raw topics it reads now; `tenants`: the tenants' topics that exist.
+    A topic that does not exist yet is not judged (the worker creates its internal
+    topics before it asks; an administrator, a tenant's)."""
     needed = worker_acls(settings)
     admin = AIOKafkaAdminClient(**aiokafka_options(settings),
                                 request_timeout_ms=CONNECT_TIMEOUT_MS)
     await admin.start()
     try:
-        topics = await _topic_operations(admin, _topics_of(needed, settings, inputs))
+        topics = await _topic_operations(admin, _topics_of(needed, settings,
+                                                           [*inputs, *tenants]))
         missing = [acl for acl in needed if acl.resource is Resource.TOPIC
-                   and not _topics_allow(acl, topics, settings, inputs)]
+                   and not _topics_allow(acl, topics, settings, inputs, tenants)]
         group = next(acl for acl in needed if acl.resource is Resource.GROUP)
         if not await _group_allows(admin, group):
             missing.append(group)
@@ -287,19 +295,22 @@ async def missing_acls(settings: Settings, inputs: list[str]) -> list[Acl]:
     return missing
 
 
-def _topics_of(needed: Iterable[Acl], settings: Settings, inputs: list[str]) -> list[str]:
+def _topics_of(needed: Iterable[Acl], settings: Settings, existing: list[str]) -> list[str]:
     names = [acl.name for acl in needed
              if acl.resource is Resource.TOPIC and acl.pattern is Pattern.LITERAL]
-    return sorted({*names, *inputs, *layout(settings).internal_topics})
+    return sorted({*names, *existing, *layout(settings).internal_topics})
 
 
 def _topics_allow(acl: Acl, topics: dict[str, tuple[int, int]], settings: Settings,
-                  inputs: list[str]) -> bool:
+                  inputs: list[str], tenants: list[str]) -> bool:
     """Every existing topic the entry stands for allows its operation."""
+    templates = settings.tenant_templates
     if acl.pattern is Pattern.LITERAL:
         names = [acl.name]
     elif acl.name == layout(settings).internal_prefix:
         names = layout(settings).internal_topics
+    elif templates is not None and acl.name in {t.prefix for t in templates.both}:
+        names = [name for name in tenants if name.startswith(acl.name)]
     else:  # the input pattern's prefix: the raw topics it matches now
         names = inputs
     for name in names:

@@ -28,15 +28,17 @@ from topics.declarations import (
     changelog_topic,
     idle_ticks_topic,
     largest_record,
+    output_topics,
     service_topics,
 )
+from topics.tenant_topics import matches_any
 
 
 def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
     return service_topics(
         app_id=settings.app_id,
         input_topics=settings.input_topics if include_inputs else (),
-        history_topic=settings.history_topic,
+        history_topic=None if settings.tenant_templates else settings.history_topic,
         deadletter_topic=settings.deadletter_topic,
         partitions=settings.partitions,
         replication_factor=settings.replication_factor,
@@ -44,11 +46,32 @@ def topic_specs(settings: Settings, *, include_inputs: bool) -> list[TopicSpec]:
     )
 
 
-async def create_topics(settings: Settings, *, include_inputs: bool) -> list[str]:
+def tenant_topic_specs(settings: Settings, tenants: list[str]) -> list[TopicSpec]:
+    """The history and dead-letter topics of each of `tenants` (per-tenant layout)."""
+    templates = settings.tenant_templates
+    if templates is None:
+        raise TopicsNotCreated("--tenant needs per-tenant topics: set"
+                               " AGUI_HISTORY_TOPIC_TEMPLATE and AGUI_DEADLETTER_TOPIC_TEMPLATE")
+    specs = []
+    for tenant in tenants:
+        history, deadletter = (template.topic(tenant) for template in templates.both)
+        if history is None or deadletter is None:
+            raise TopicsNotCreated(f"tenant {tenant!r}: its topics' names would exceed"
+                                   " Kafka's 249 characters (the tenant is not routable)")
+        specs += output_topics(history, deadletter, settings.partitions,
+                               settings.replication_factor, settings.max_record_bytes)
+    return specs
+
+
+async def create_topics(settings: Settings, *, include_inputs: bool,
+                        tenants: list[str] | None = None) -> list[str]:
+    """The service's topics, or (`tenants`) only those tenants' own."""
+    specs = (topic_specs(settings, include_inputs=include_inputs) if tenants is None
+             else tenant_topic_specs(settings, tenants))
     admin = AIOKafkaAdminClient(**aiokafka_options(settings))
     await admin.start()
     try:
-        return await ensure_topics(admin, topic_specs(settings, include_inputs=include_inputs))
+        return await ensure_topics(admin, specs)
     finally:
         await admin.close()
 
@@ -141,6 +164,21 @@ async def existing_topics(settings: Settings) -> list[str]:
         await admin.close()
 
 
+def tenant_topics_now(settings: Settings, existing: list[str]) -> list[str]:
+    """The tenants' topics that exist (per-tenant layout; none otherwise)."""
+    templates = settings.tenant_templates
+    if templates is None:
+        return []
+    return [name for name in existing if matches_any(templates.both, name)]
+
+
+def output_topics_now(settings: Settings, existing: list[str]) -> list[str]:
+    """The topics the worker may publish to now: the shared ones and the tenants'."""
+    shared = [settings.deadletter_topic] if settings.tenant_templates else [
+        settings.history_topic, settings.deadletter_topic]
+    return [*shared, *tenant_topics_now(settings, existing)]
+
+
 def input_topics_now(settings: Settings, existing: list[str]) -> list[str]:
     """The raw topics a worker reads: those named, or those the pattern matches now
     (the subscription matches a topic's name from its start)."""
@@ -154,7 +192,7 @@ def input_topics_now(settings: Settings, existing: list[str]) -> list[str]:
 
 
 def configuration_problems(settings: Settings, facts: dict[str, TopicFacts],
-                           inputs: list[str]) -> list[str]:
+                           inputs: list[str], outputs: list[str]) -> list[str]:
     """What in the topics would break the worker's guarantees, one sentence each.
 
     Every raw, history and internal topic has AGUI_PARTITIONS partitions (one Faust
@@ -165,7 +203,6 @@ def configuration_problems(settings: Settings, facts: dict[str, TopicFacts],
     problems = []
     internal = [idle_ticks_topic(settings.app_id),
                 *(changelog_topic(settings.app_id, table) for table in TABLE_NAMES)]
-    outputs = [settings.history_topic, settings.deadletter_topic]
     for name in [*inputs, *outputs, *internal]:
         topic = facts.get(name)
         if topic is not None and topic.partitions != settings.partitions:
@@ -199,18 +236,20 @@ def record_limit(settings: Settings, facts: TopicFacts) -> int:
 
 async def checked_topics(settings: Settings) -> tuple[list[str], dict[str, int]]:
     """What a starting worker learns of its topics: the problems that must stop it, and
-    the largest record its output topics take."""
-    inputs = input_topics_now(settings, await existing_topics(settings))
-    outputs = [settings.history_topic, settings.deadletter_topic]
+    the largest record each output topic that exists takes (the tenants' among them)."""
+    existing = await existing_topics(settings)
+    inputs = input_topics_now(settings, existing)
+    outputs = output_topics_now(settings, existing)
     internal = [idle_ticks_topic(settings.app_id),
                 *(changelog_topic(settings.app_id, table) for table in TABLE_NAMES)]
     facts = await describe_topics(settings, [*inputs, *outputs, *internal], inputs)
     limits = {name: record_limit(settings, facts[name]) for name in outputs if name in facts}
-    return configuration_problems(settings, facts, inputs), limits
+    return configuration_problems(settings, facts, inputs, outputs), limits
 
 
 async def output_limits(settings: Settings) -> dict[str, int]:
-    """The largest record each output topic takes now (an operator may change it)."""
-    outputs = [settings.history_topic, settings.deadletter_topic]
+    """The largest record each output topic that exists takes now (an operator may
+    change it; per-tenant layout: and create or delete a tenant's topics)."""
+    outputs = output_topics_now(settings, await existing_topics(settings))
     facts = await describe_topics(settings, outputs)
     return {name: record_limit(settings, facts[name]) for name in outputs if name in facts}

@@ -1,13 +1,19 @@
-"""The thread view inside the worker: the agent that applies the history topic to
-it, and the thread API's web routes.
+"""The thread view inside the worker: the agent that applies the history topic (or,
+with per-tenant topics, the tenants' history topics that existed when the worker
+started) to it, and the thread API's web routes.
+
+Per-tenant topics: Faust subscribes to a topic's names only (its aiokafka driver
+drops a pattern), so the view reads the tenants' topics it was started with; a
+tenant provisioned later is published at once, and its view answers after the
+workers' next restart (docs/operations.md, *Per-tenant topics*).
 
 The view (`processors.view.thread_view`) is maintained like the run state: write-behind,
 its changes sent with the next commit of their history partition and applied to
 the local table once committed. The history topic has the raw topics' partition
-count (`create-topics`), so Faust puts it in their co-partitioned group: partition
-n of the raw topics, of the history topic and of every table is owned by one
-worker, and one transaction per partition number carries the outputs, the state,
-the view's changes and the offsets of both topics.
+count (`create-topics`, as has each tenant's), so Faust puts it in their
+co-partitioned group: partition n of the raw topics, of the history topics and of
+every table is owned by one worker, and one transaction per partition number
+carries the outputs, the state, the view's changes and the offsets of all of them.
 
 A request goes to the worker that owns the thread's history partition; any worker
 answers it, forwarding it there when it is not that worker.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, cast
@@ -45,7 +52,7 @@ from processors.view.thread_api import (
     ThreadApi,
     api_error,
 )
-from processors.view.thread_view import ThreadView
+from processors.view.thread_view import HistoryPartition, ThreadView
 from topics.declarations import VIEW_TABLE
 from topics.records import HistoryErasure
 
@@ -65,36 +72,47 @@ _PASSED_BACK: Final = ("WWW-Authenticate", "Retry-After")  # the owner's headers
 Route = Callable[[ApiRequest], Awaitable[ApiResponse]]
 
 
-def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
-                      view: ThreadView, tokens: TenantTokens | None) -> ThreadApi:
-    """Add the history agent and the API's routes to `app`; the API they serve."""
-    history_topic = settings.history_topic
+def is_history(settings: Settings, topic: str) -> bool:
+    """A history topic: the shared one, or (per-tenant topics) a tenant's."""
+    templates = settings.tenant_templates
+    if templates is None:
+        return topic == settings.history_topic
+    return bool(re.match(templates.history.pattern, topic))
 
-    owned: set[int] = set()  # the history partitions of the current assignment
+
+def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
+                      view: ThreadView, tokens: TenantTokens | None,
+                      tenant_topics: list[str]) -> ThreadApi:
+    """Add the history agent and the API's routes to `app`; the API they serve.
+    `tenant_topics`: the tenants' history topics to read (per-tenant topics)."""
+    owned: set[HistoryPartition] = set()  # the history partitions of the assignment
 
     async def partitions_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
         owned.clear()
-        owned.update(tp.partition for tp in assigned if tp.topic == history_topic)
+        owned.update((tp.topic, tp.partition) for tp in assigned
+                     if is_history(settings, tp.topic))
 
     app.on_partitions_assigned.connect(partitions_assigned)  # type: ignore[arg-type]
 
-    def ready(partition: int) -> bool:
+    def ready(partition: HistoryPartition) -> bool:
         """This worker owns the partition and its view is recovered."""
         return partition in owned and bool(app.tables.actives_ready)
 
-    async def erase(tenant: str, thread_id: str, partition: int) -> int:
-        """The erasure record, sent outside any transaction (like the idle ticks): the
-        view applies it as it reads the partition; its offset."""
+    async def erase(tenant: str, thread_id: str, partition: HistoryPartition) -> int:
+        """The erasure record, sent outside any transaction (like the idle ticks) to
+        the thread's history partition (its tenant's topic): the view applies it as
+        it reads the partition; its offset."""
         value = HistoryErasure(tenant=tenant, threadId=thread_id,
                                erasedAt=int(time.time() * 1000)).to_bytes()
-        delivery = await app.producer.send(history_topic, f"{tenant}/{thread_id}".encode(),
-                                           value, partition, None, None)
+        topic, number = partition
+        delivery = await app.producer.send(topic, f"{tenant}/{thread_id}".encode(),
+                                           value, number, None, None)
         return int((await delivery).offset)
 
     api = ThreadApi(view, tokens, ReadProgress(settings.api_max_waiters,
                                                settings.api_max_waiters_per_tenant),
                     ready=ready, eraser=erase)
-    history = app.raw_topic(history_topic)
+    names = [settings.history_topic] if settings.tenant_templates is None else tenant_topics
 
     async def view_recovered() -> None:
         # What was read while the table recovered (a partition's offset, the expiry
@@ -109,9 +127,11 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
         if thread is not None:
             api.progress.advanced(thread)
 
-    @app.agent(history, name="thread-view")
     async def maintain_thread_view(stream: Any) -> None:
         await apply_each(stream, app, apply)
+
+    if names:  # (no tenant's topic yet: nothing to read, every thread unknown)
+        app.agent(app.raw_topic(*names), name="thread-view")(maintain_thread_view)
 
     async def answer(request: aiohttp.web.Request, name: str, route: Route,
                      paged: bool = True) -> aiohttp.web.Response:
@@ -179,8 +199,8 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
 
 
 async def _answer_or_forward(app: AdaptedApp, api: ThreadApi,
-                             owned: set[int], request: Any, thread_id: str, route: Route,
-                             paged: bool) -> ApiResponse:
+                             owned: set[HistoryPartition], request: Any, thread_id: str,
+                             route: Route, paged: bool) -> ApiResponse:
     """The answer of the worker that owns the thread's partition: this one's, or the
     owner's when another one owns it (a request not admitted is answered here). The
     request is checked once, here: the route answers it as checked."""
@@ -189,7 +209,7 @@ async def _answer_or_forward(app: AdaptedApp, api: ThreadApi,
     if isinstance(checked, ApiResponse):
         return checked
     if checked.partition not in owned and request.headers.get(_FORWARDED) is None:
-        owner = _owner(app, checked.partition)
+        owner = _owner(app, checked.partition[1])
         if owner is None:  # no assignment known yet
             return NOT_READY
         here = app.conf.canonical_url
@@ -229,16 +249,20 @@ def _owner(app: AdaptedApp, partition: int) -> URL | None:
 
 def measure_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
                  view: ThreadView) -> None:
-    """Export the view's lag per owned history partition (offsets after the last record
-    it applied: when caught up, the commit markers of the transactions that wrote to it
-    last, at most one per partition number) and the threads it holds."""
+    """Export the view's lag per owned history partition number (offsets after the last
+    record it applied: when caught up, the commit markers of the transactions that
+    wrote to it last, at most one per partition number; with per-tenant topics the
+    largest of the tenants' topics') and the threads it holds."""
     if not app.tables.actives_ready:  # the table is recovering: nothing to say yet
         return
     consumer = app.consumer
-    owned = [tp for tp in consumer.assignment() if tp.topic == settings.history_topic]
+    owned = [tp for tp in consumer.assignment() if is_history(settings, tp.topic)]
+    lag: dict[int, int] = {}
     for tp in owned:
         end = consumer.highwater(tp)
         if end is not None:
-            behind = max(0, end - 1 - view.read_offset(tp.partition))
-            metrics.view_lag.labels(str(tp.partition)).set(behind)
-    metrics.view_threads.set(view.threads_held(tp.partition for tp in owned))
+            behind = max(0, end - 1 - view.read_offset((tp.topic, tp.partition)))
+            lag[tp.partition] = max(lag.get(tp.partition, 0), behind)
+    for partition, behind in lag.items():
+        metrics.view_lag.labels(str(partition)).set(behind)
+    metrics.view_threads.set(view.threads_held({tp.partition for tp in owned}))

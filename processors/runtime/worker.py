@@ -30,12 +30,13 @@ def load_settings() -> Settings | None:
         return None
 
 
-def run_create_topics() -> int:
+def run_create_topics(tenants: list[str] | None = None) -> int:
+    """The service's topics, or (`tenants`) only those tenants' own."""
     settings = load_settings()
     if settings is None:
         return 2
     try:
-        created = asyncio.run(create_topics(settings, include_inputs=True))
+        created = asyncio.run(create_topics(settings, include_inputs=True, tenants=tenants))
     except TopicsNotCreated as error:
         sys.stderr.write(f"agui-stream: {error}\n")
         return 2

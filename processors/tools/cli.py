@@ -28,10 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="run one stream-processing worker (configured by environment variables)",
     )
-    commands.add_parser(
+    create = commands.add_parser(
         "create-topics",
         help="create the raw, history, dead-letter and internal topics, then exit",
+        description="Create the service's topics that do not exist. With --tenant (per-tenant"
+        " layout, AGUI_HISTORY_TOPIC_TEMPLATE): only those tenants' history and dead-letter"
+        " topics, which the workers never create themselves.",
     )
+    create.add_argument("--tenant", action="append", metavar="TENANT",
+                        help="a tenant whose own topics to create (repeatable)")
     commands.add_parser(
         "tap",
         help="proxy an AG-UI agent endpoint (HTTP + SSE) and publish its runs to the raw topic",
@@ -70,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"history service's consumer group ({HISTORY_SERVICE_GROUP})")
     acls.add_argument("--agent-server", default=AGENT_SERVER,
                       help=f"agent servers' principal ({AGENT_SERVER})")
+    acls.add_argument("--tenant", action="append", default=[], metavar="TENANT",
+                      help="per-tenant layout: also the ACLs of this tenant's own history"
+                      f" service ({HISTORY_SERVICE}-<tenant>), which reads its own topic"
+                      " only (repeatable)")
     output = acls.add_mutually_exclusive_group()
     output.add_argument("--markdown", action="store_true",
                         help="a table with why each is needed, then the commands")
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "create-topics":
         from processors.runtime.worker import run_create_topics
 
-        return run_create_topics()
+        return run_create_topics(args.tenant)
     if args.command == "tap":
         from processors.runtime.tap_server import run_tap
 
@@ -132,9 +141,10 @@ def _print_acls(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
         if not (args.apply or args.revoke):
-            print(acl_document(layout(settings), markdown=args.markdown, **principals))
+            print(acl_document(layout(settings), markdown=args.markdown, tenants=args.tenant,
+                               **principals))
             return 0
-        acls = deployment_acls(layout(settings), **principals)
+        acls = deployment_acls(layout(settings), tenants=args.tenant, **principals)
         asyncio.run(change_acls(settings, acls, grant=args.apply))
     except (ConfigError, ValueError, AclsNotChanged) as error:
         print(f"agui-stream acls: {error}", file=sys.stderr)

@@ -59,7 +59,14 @@ import orjson
 
 from processors.safe_logging import log_exception_kind
 from processors.view.tenant_tokens import TenantTokens
-from processors.view.thread_view import Cursors, Missing, Page, RunStatus, thread_key
+from processors.view.thread_view import (
+    Cursors,
+    HistoryPartition,
+    Missing,
+    Page,
+    RunStatus,
+    thread_key,
+)
 
 log = logging.getLogger("agui_stream")
 
@@ -140,9 +147,9 @@ class ThreadReader(Protocol):
 
     def thread_offset(self, tenant: str, thread_id: str) -> int | None: ...
 
-    def read_offset(self, partition: int) -> int: ...
+    def read_offset(self, partition: HistoryPartition) -> int: ...
 
-    def partition_for(self, tenant: str, thread_id: str) -> int: ...
+    def partition_for(self, tenant: str, thread_id: str) -> HistoryPartition: ...
 
     def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None: ...
 
@@ -213,22 +220,22 @@ class ApiRequest:
 
     tenant: str
     thread_id: str
-    partition: int
+    partition: HistoryPartition
     cursors: Cursors
     run_id: str | None
     min_offset: int | None
 
 
-def _ready_always(partition: int) -> bool:
+def _ready_always(partition: HistoryPartition) -> bool:
     return True
 
 
 # Writes the erasure record of (tenant, threadId) to the history partition given, and
 # returns its offset.
-Eraser = Callable[[str, str, int], Awaitable[int]]
+Eraser = Callable[[str, str, HistoryPartition], Awaitable[int]]
 
 
-async def _no_eraser(tenant: str, thread_id: str, partition: int) -> int:
+async def _no_eraser(tenant: str, thread_id: str, partition: HistoryPartition) -> int:
     raise RuntimeError("this API cannot erase threads")
 
 
@@ -241,7 +248,7 @@ class ThreadApi:
     tokens: TenantTokens | None
     progress: ReadProgress = field(default_factory=ReadProgress)
     max_wait: float = MAX_WAIT_SECONDS
-    ready: Callable[[int], bool] = _ready_always
+    ready: Callable[[HistoryPartition], bool] = _ready_always
     eraser: Eraser = _no_eraser
 
     def request(self, authorization: str | None, thread_id: str, query: Mapping[str, str],

@@ -30,8 +30,12 @@ threadId, each length-prefixed so no two threads share a prefix):
 * `J T <runId>` — the number of that run's summary (u32): a run published twice
   (at-least-once) replaces its summary;
 * `P <u32 partition>` — the history offset the view has read up to on that
-  partition (i64): records at or below it were applied already and are skipped
-  (a replay after a crash); it is also what a consistent read waits for.
+  partition of the history topic (i64): records at or below it were applied
+  already and are skipped (a replay after a crash); it is also what a consistent
+  read waits for. With per-tenant topics (topics.tenant_topics) every tenant's
+  history topic has its own: `P <u32 partition> <topic>`. A thread is one tenant's,
+  so in one topic; writes are handed out per partition number, whose one
+  transaction carries every topic's partition of that number.
 
 A run is complete (`run_status`) once its closing record is in and its content
 records are: `messageCount` of them (their `seq` counts 0, 1, …). Duplicates are
@@ -224,8 +228,13 @@ def run_index_key(thread: bytes, run_id: str) -> bytes:
     return b"J" + thread + _utf8(run_id)
 
 
-def read_offset_key(partition: int) -> bytes:
-    return b"P" + _U32.pack(partition)
+def read_offset_key(partition: int, topic: str = "") -> bytes:
+    """The shared history topic's keys have no topic (as before per-tenant topics)."""
+    return b"P" + _U32.pack(partition) + _utf8(topic)
+
+
+# A partition of a history topic: (topic, partition).
+HistoryPartition = tuple[str, int]
 
 
 def history_partition(tenant: str, thread_id: str, partitions: int) -> int:
@@ -241,7 +250,7 @@ def _utf8(text: str) -> bytes:
 
 @dataclass(slots=True)
 class _Partition:
-    read_offset: int
+    read_offsets: dict[str, int]  # per history topic, loaded as it is first read
     # thread key -> its last record time (ms): expiry compares times, decodes nothing
     threads: dict[bytes, int] = field(default_factory=dict)
     dirty: dict[bytes, None] = field(default_factory=dict)  # entries to hand out
@@ -263,9 +272,15 @@ class ThreadView:
     that carry no timestamp."""
 
     def __init__(self, stored: Mapping[bytes, bytes], *, partitions: int,
-                 retention_seconds: float, clock: Callable[[], float] = time.time) -> None:
+                 retention_seconds: float, clock: Callable[[], float] = time.time,
+                 history_topic: str = "agui.history",
+                 tenant_topic: Callable[[str], str | None] | None = None) -> None:
+        """`history_topic`: the shared one; `tenant_topic`: each tenant's own, with
+        per-tenant topics (None: a tenant's name too long for one)."""
         self.stored = stored
         self.partitions = partitions
+        self.history_topic = history_topic
+        self.tenant_topic = tenant_topic
         self.retention_seconds = retention_seconds
         self.clock = clock
         self.counts = ViewCounts()
@@ -280,11 +295,12 @@ class ThreadView:
         if any. Never raises."""
         try:
             part = self._part(record.partition)
-            if record.offset <= part.read_offset:
+            if record.offset <= self._read_offset(part, record.topic, record.partition):
                 self.counts.replayed += 1
                 return None
-            part.read_offset = record.offset
-            self._put(part, read_offset_key(record.partition), _OFFSET.pack(record.offset))
+            part.read_offsets[record.topic] = record.offset
+            self._put(part, self._read_offset_key(record.topic, record.partition),
+                      _OFFSET.pack(record.offset))
             parsed = _parse(record)
             if parsed is None:
                 self.counts.unusable += 1
@@ -377,7 +393,7 @@ class ThreadView:
         if header is None:
             return None
         if header.last_offset is None:
-            return self._part(header.partition).read_offset
+            return self.read_offset(self.partition_for(tenant, thread_id))
         return header.last_offset
 
     def unechoed_runs(self, tenant: str, thread_id: str) -> int:
@@ -386,9 +402,10 @@ class ThreadView:
         header = self._header(thread_key(tenant, thread_id))
         return 0 if header is None else header.unechoed_runs
 
-    def read_offset(self, partition: int) -> int:
+    def read_offset(self, partition: HistoryPartition) -> int:
         """The last history offset applied on `partition` (`NOTHING_READ`: none)."""
-        return self._part(partition).read_offset
+        topic, number = partition
+        return self._read_offset(self._part(number), topic, number)
 
     def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None:
         """The run's summary and whether it is complete; None while its closing record
@@ -408,8 +425,11 @@ class ThreadView:
         self._scan_stored_headers()
         return sum(len(self._part(partition).threads) for partition in partitions)
 
-    def partition_for(self, tenant: str, thread_id: str) -> int:
-        return history_partition(tenant, thread_id, self.partitions)
+    def partition_for(self, tenant: str, thread_id: str) -> HistoryPartition:
+        """Where the thread's records are ("" as the topic: the tenant has none)."""
+        topic = (self.history_topic if self.tenant_topic is None
+                 else self.tenant_topic(tenant) or "")
+        return topic, history_partition(tenant, thread_id, self.partitions)
 
     # --- write-behind ----------------------------------------------------------------
 
@@ -603,10 +623,19 @@ class ThreadView:
     def _part(self, partition: int) -> _Partition:
         part = self._partitions.get(partition)
         if part is None:
-            stored = self._get(read_offset_key(partition))
-            offset = NOTHING_READ if stored is None else int(_OFFSET.unpack(stored)[0])
-            part = self._partitions[partition] = _Partition(offset)
+            part = self._partitions[partition] = _Partition({})
         return part
+
+    def _read_offset_key(self, topic: str, partition: int) -> bytes:
+        return read_offset_key(partition, "" if topic == self.history_topic else topic)
+
+    def _read_offset(self, part: _Partition, topic: str, partition: int) -> int:
+        offset = part.read_offsets.get(topic)
+        if offset is None:
+            stored = self._get(self._read_offset_key(topic, partition))
+            offset = NOTHING_READ if stored is None else int(_OFFSET.unpack(stored)[0])
+            part.read_offsets[topic] = offset
+        return offset
 
     def _scan_stored_headers(self) -> None:
         """Once after `forget`: put every stored thread in its partition's index, with

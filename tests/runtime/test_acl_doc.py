@@ -8,20 +8,41 @@ import pytest
 
 from processors.config import Settings
 from processors.runtime.kafka_access import layout
-from topics.acls import Layout, acl_document, literal_prefix, worker_acls
+from topics.acls import (
+    Layout,
+    acl_document,
+    literal_prefix,
+    tenant_service_acls,
+    worker_acls,
+)
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
-GENERATED = re.compile(r"<!-- generated: agui-stream acls --markdown[^>]*-->\n(.*?)\n"
-                       r"<!-- end of generated ACLs -->", re.S)
+GENERATED = re.compile(r"<!-- generated: (.*?)agui-stream acls --markdown(.*?) \(tests[^>]*-->"
+                       r"\n(.*?)\n<!-- end of generated ACLs -->", re.S)
+PER_TENANT = {"AGUI_HISTORY_TOPIC_TEMPLATE": "agui.history.{tenant}",
+              "AGUI_DEADLETTER_TOPIC_TEMPLATE": "agui.deadletter.{tenant}"}
 
 
 def test_the_documented_acls_are_the_checked_list() -> None:
-    documented = GENERATED.search(OPERATIONS.read_text())
-    assert documented is not None, "the generated ACL section of docs/operations.md is gone"
-    expected = acl_document(layout(Settings.from_env({})), markdown=True)
-    assert documented.group(1) == expected, (
-        "docs/operations.md's ACLs differ from topics/acls.py: paste the output of"
-        " `agui-stream acls --markdown` between the markers")
+    """Both layouts: shared topics, and per-tenant topics with one tenant's service."""
+    documented = GENERATED.findall(OPERATIONS.read_text())
+    assert len(documented) == 2, "a generated ACL section of docs/operations.md is gone"
+    expected = [("", "", acl_document(layout(Settings.from_env({})), markdown=True)),
+                (" ".join(f"{name}={value}" for name, value in PER_TENANT.items()) + " ",
+                 " --tenant acme", acl_document(layout(Settings.from_env(PER_TENANT)),
+                                                markdown=True, tenants=["acme"]))]
+    assert documented == expected, (
+        "docs/operations.md's ACLs differ from topics/acls.py: paste the output of the"
+        " command each marker names between the markers")
+
+
+def test_a_tenant_s_history_service_reads_its_own_topic_only() -> None:
+    acls = tenant_service_acls(layout(Settings.from_env(PER_TENANT)), "a.b")
+    assert {(acl.operation.name, acl.resource.label, acl.name) for acl in acls} == {
+        ("READ", "topic", "agui.history.a_2Eb"), ("READ", "group", "history-service-a_2Eb")}
+    worker = worker_acls(layout(Settings.from_env(PER_TENANT)))
+    assert not any(acl.operation.name == "CREATE" and acl.name.startswith("agui.")
+                   for acl in worker)
 
 
 def test_the_workers_read_the_history_they_write() -> None:

@@ -28,7 +28,7 @@ from processors.view.client import (
 )
 from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import MAX_PAGE, ThreadApi
-from processors.view.thread_view import ThreadView
+from processors.view.thread_view import HistoryPartition, ThreadView
 from tests.view_helpers import History, assistant, feed, user
 from topics.records import HistoryErasure
 
@@ -99,7 +99,7 @@ def base_url() -> Iterator[str]:
     feed(view, history.run("long", "r3", [user(f"m{n}") for n in range(MAX_PAGE + 5)]))
     feed(view, history.run("long", "r4", [], outcome="failed",
                            failure={"code": "orphan_event"}))
-    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+    async def erase(tenant: str, thread_id: str, partition: HistoryPartition) -> int:
         record = history.record(f"{tenant}/{thread_id}".encode(), HistoryErasure(
             tenant=tenant, threadId=thread_id, erasedAt=1).to_bytes())
         view.apply(record)

@@ -14,13 +14,14 @@ from processors.view.tenant_tokens import TenantTokens, token_line
 from processors.view.thread_api import ApiResponse, ReadProgress, ThreadApi
 from processors.view.thread_view import (
     Cursors,
+    HistoryPartition,
     Missing,
     Page,
     RunStatus,
     ThreadView,
     thread_key,
 )
-from tests.view_helpers import History, assistant, continued, feed, user
+from tests.view_helpers import HISTORY, History, assistant, continued, feed, user
 from topics.records import HistoryMessage, HistoryRun
 
 ACME = "Bearer acme-token"
@@ -354,8 +355,8 @@ class BrokenReader:
     def thread_offset(self, tenant: str, thread_id: str) -> int | None:
         return 0
 
-    def partition_for(self, tenant: str, thread_id: str) -> int:
-        return 0
+    def partition_for(self, tenant: str, thread_id: str) -> HistoryPartition:
+        return HISTORY, 0
 
     def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None:
         return RunStatus({"runId": run_id, "outcome": "success"}, True)

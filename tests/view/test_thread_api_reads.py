@@ -18,8 +18,8 @@ from processors.view.thread_api import (
     ReadProgress,
     ThreadApi,
 )
-from processors.view.thread_view import ThreadView, thread_key
-from tests.view_helpers import History, assistant, feed, removed, user
+from processors.view.thread_view import HistoryPartition, ThreadView, thread_key
+from tests.view_helpers import HISTORY, History, assistant, feed, removed, user
 from topics.records import HistoryErasure
 
 ACME = "Bearer acme-token"
@@ -207,7 +207,7 @@ def test_history_offset_is_the_thread_s_own() -> None:
     api = ThreadApi(view, TOKENS, max_wait=0.1)
     before = ask(api).body["historyOffset"]
     feed(view, history.run("t2", "r2", [user("m2")], tenant="globex"))
-    assert view.read_offset(0) > before
+    assert view.read_offset((HISTORY, 0)) > before
     assert ask(api).body["historyOffset"] == before
     waited = ask(api, min_offset=str(before + 1))
     assert (waited.status, waited.body["historyOffset"]) == (503, before)
@@ -276,7 +276,7 @@ def test_a_partition_that_moves_during_a_wait_is_503_not_an_answer() -> None:
 
 def eraser(view: ThreadView, history: History, applied: bool = True) -> Eraser:
     """Writes the erasure record; the view applies it at once, or never."""
-    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+    async def erase(tenant: str, thread_id: str, partition: HistoryPartition) -> int:
         record = history.record(f"{tenant}/{thread_id}".encode(), HistoryErasure(
             tenant=tenant, threadId=thread_id, erasedAt=1).to_bytes())
         if applied:
@@ -296,7 +296,7 @@ def test_a_deleted_thread_is_gone_once_the_view_applies_its_erasure() -> None:
     api = ThreadApi(view, TOKENS, eraser=eraser(view, history))
     response = delete(api)
     assert response.status == 200 and response.body["erased"] is True
-    assert response.body["historyOffset"] == view.read_offset(0)
+    assert response.body["historyOffset"] == view.read_offset((HISTORY, 0))
     assert ask(api).body["code"] == "thread_not_found"
     assert ids(ask(api, thread="t2")) == ["m2"]  # the tenant's other thread stays
     assert delete(api).body["code"] == "thread_not_found"  # gone: nothing to erase
@@ -313,7 +313,7 @@ def test_only_the_tenant_s_own_thread_can_be_deleted() -> None:
     view, _ = view_of(("t1", "r1", [user("m1")]))
     erased: list[str] = []
 
-    async def erase(tenant: str, thread_id: str, partition: int) -> int:
+    async def erase(tenant: str, thread_id: str, partition: HistoryPartition) -> int:
         erased.append(tenant)
         return 0
 

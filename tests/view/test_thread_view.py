@@ -25,6 +25,7 @@ from processors.view.thread_view import (
 )
 from tests.memory_helpers import bytes_left_allocated
 from tests.view_helpers import (
+    HISTORY,
     RETENTION,
     T0,
     History,
@@ -38,6 +39,7 @@ from tests.view_helpers import (
     user,
 )
 from topics.records import HistoryErasure, HistoryMessage, HistoryRun
+from topics.tenant_topics import Template
 
 DAY = 86_400.0
 
@@ -162,7 +164,7 @@ def test_records_without_a_thread_are_ignored_and_unusable_ones_counted() -> Non
     feed(view, [history.record(b"acme/t1", not_a_message)])
     assert (view.counts.ignored, view.counts.applied) == (1, 0)
     assert view.messages("acme", "t1") == []
-    assert view.read_offset(0) == 3  # read past them all the same
+    assert view.read_offset((HISTORY, 0)) == 3  # read past them all the same
 
 
 def test_a_record_without_timestamp_is_dated_by_the_clock() -> None:
@@ -437,13 +439,40 @@ def test_records_at_or_below_the_read_offset_are_skipped() -> None:
     second = history.run("t1", "r2", [user("m2")])
     feed(view, second)  # applied, never committed: the worker crashes here
     restarted = store.view()
-    assert restarted.read_offset(0) == first[-1].offset
+    assert restarted.read_offset((HISTORY, 0)) == first[-1].offset
     feed(restarted, first + second)  # delivered again from the committed offset
     assert restarted.counts.replayed == len(first)
     assert ids(restarted) == ["m1", "m2"]
-    assert restarted.read_offset(0) == second[-1].offset
+    assert restarted.read_offset((HISTORY, 0)) == second[-1].offset
     feed(restarted, second)  # and again, before any commit
     assert restarted.counts.replayed == len(first) + len(second)
+
+
+def test_each_tenant_topic_has_its_own_read_offsets() -> None:
+    """Per-tenant topics: two tenants' topics share partition numbers, each with its own
+    offsets; a thread is found in its tenant's topic, and a restart reads each on."""
+    template = Template("agui.history.{tenant}")
+    store = Store()
+
+    def view() -> ThreadView:
+        return ThreadView(store.data, partitions=1, retention_seconds=RETENTION,
+                          tenant_topic=template.topic)
+
+    acme, globex = History(), History()  # partition 0 of each topic, offsets from 0
+    first = view()
+    feed(first, [record._replace(topic="agui.history.acme")
+                 for record in acme.run("t1", "r1", [user("m1")])])
+    feed(first, [record._replace(topic="agui.history.globex")
+                 for record in globex.run("t1", "r1", [user("g1")], tenant="globex")])
+    assert first.counts.replayed == 0  # the same offsets, in another topic
+    assert first.partition_for("acme", "t1")[0] == "agui.history.acme"
+    store.commit(first)
+    restarted = view()
+    for tenant in ("acme", "globex"):
+        assert restarted.read_offset(restarted.partition_for(tenant, "t1")) == 1
+    assert restarted.read_offset(("agui.history", 0)) == NOTHING_READ
+    assert ids(restarted, tenant="globex") == ["g1"]
+    assert restarted.partition_for("x" * 300, "t1")[0] == ""  # no topic can be its
 
 
 def test_each_changed_entry_is_handed_out_once_per_commit() -> None:
@@ -494,8 +523,8 @@ def test_forget_reloads_everything_from_the_stored_table() -> None:
     assert ids(view) == ["m1", "m2"]
     runs = view.runs("acme", "t1")
     assert isinstance(runs, list) and len(runs) == 1
-    assert view.read_offset(0) == 2
-    assert view.read_offset(1) == NOTHING_READ
+    assert view.read_offset((HISTORY, 0)) == 2
+    assert view.read_offset((HISTORY, 1)) == NOTHING_READ
 
 
 # --- retention --------------------------------------------------------------------------
@@ -681,11 +710,11 @@ def test_what_was_read_mid_recovery_is_read_again_once_the_table_has_recovered()
                       if thread_key("acme", "late") not in key and key[:1] != b"P"}
     recovering = restoring.view()
     recovering.forget()  # the partitions moved
-    assert recovering.read_offset(0) == NOTHING_READ  # stale, cached
+    assert recovering.read_offset((HISTORY, 0)) == NOTHING_READ  # stale, cached
     assert recovering.threads_held([0]) == 1  # the expiry index, built once, stale
     restoring.data = dict(written.data)  # recovery ends
     recovering.forget()  # the table's recovery callback
-    assert recovering.read_offset(0) == view.read_offset(0)
+    assert recovering.read_offset((HISTORY, 0)) == view.read_offset((HISTORY, 0))
     assert recovering.threads_held([0]) == 2
     recovering.expire(0, T0 / 1000 + RETENTION + 1)
     assert recovering.counts.expired_threads == 2  # the late-restored thread expires too
