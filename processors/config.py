@@ -41,7 +41,8 @@ DOCUMENTED: Final = (
      " KAFKA_SSL_KEYFILE"),
     ("AGUI_APP_ID", "agui-stream", "consumer group id and prefix of internal topics"),
     ("AGUI_INPUT_TOPICS", "agui.events", "raw event topics, comma-separated"),
-    ("AGUI_INPUT_PATTERN", "", "regex of raw event topics (instead of AGUI_INPUT_TOPICS)"),
+    ("AGUI_INPUT_PATTERN", "", "regex of raw event topics (instead of AGUI_INPUT_TOPICS):"
+     " those that exist when the worker starts"),
     ("AGUI_HISTORY_TOPIC", "agui.history", "history output topic"),
     ("AGUI_DEADLETTER_TOPIC", "agui.deadletter", "dead-letter output topic"),
     ("AGUI_HISTORY_TOPIC_TEMPLATE", "", "per-tenant history topics, e.g."

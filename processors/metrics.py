@@ -73,6 +73,10 @@ class Metrics:
             "agui_open_run_content_chars",
             "Characters of text and tool-call arguments the open runs on this worker have"
             " streamed, held until each concludes (about 2 bytes of memory each).", registry=r)
+        self.unread_topics = Gauge(
+            "agui_unread_topics", "Raw topics the input pattern matches, and tenants' history"
+            " topics, created after the worker started: read after its next restart",
+            registry=r)
         self.consumer_lag = Gauge(
             "agui_consumer_lag_records",
             "Records behind the end of each assigned raw-topic partition.",

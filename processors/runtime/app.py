@@ -20,7 +20,6 @@ and reaches partitions with no traffic.
 from __future__ import annotations
 
 import functools
-import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -105,20 +104,22 @@ def rocksdb_options(memory_mib: int) -> dict[str, int]:
 
 
 def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None = None,
-               topic_limits: dict[str, int] | None = None) -> AdaptedApp:
+               topic_limits: dict[str, int] | None = None,
+               matched_inputs: list[str] | None = None) -> AdaptedApp:
     """The Faust app with its tables, agents, sweep timer and web pages; `tokens` are
     the thread API's (None: the API refuses every request); `topic_limits` the
     largest record each output topic that exists takes, as the broker said at start
-    (with per-tenant topics, which tenants' topics exist)."""
+    (with per-tenant topics, which tenants' topics exist); `matched_inputs` the raw
+    topics AGUI_INPUT_PATTERN matched at start."""
     app: AdaptedApp = faust_app(settings)
     app.web_limits = WebLimits(settings.api_bind, settings.metrics_port,
                                settings.api_max_connections)  # before any page
     ticks = idle_ticks_topic(settings.app_id)
-    if settings.input_pattern is not None:
-        source = app.raw_topic(
-            pattern=re.compile(rf"^{re.escape(ticks)}$|(?:{settings.input_pattern})"))
-    else:
-        source = app.raw_topic(*settings.input_topics, ticks)
+    # By names, also for AGUI_INPUT_PATTERN: Faust's aiokafka driver subscribes to a
+    # topic's names only, and a topic made with a pattern has none (it read nothing).
+    inputs = (settings.input_topics if settings.input_pattern is None
+              else tuple(matched_inputs or ()))
+    source = app.raw_topic(*inputs, ticks)
     # key_type/value_type bytes is what makes Faust use the raw codec for the
     # changelog in both directions (a schema alone leaves recovery on JSON).
     tables = {
@@ -155,12 +156,13 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
                       retention_seconds=settings.view_retention_seconds,
                       history_topic=settings.history_topic,
                       tenant_topic=None if templates is None else templates.history.topic)
-    serve_thread_view(app, settings, metrics, view, tokens,
-                      sorted(name for name in topic_limits or {}
-                             if templates is not None and is_history(settings, name)))
+    view_topics = sorted(name for name in topic_limits or {}
+                         if templates is not None and is_history(settings, name))
+    serve_thread_view(app, settings, metrics, view, tokens, view_topics)
     jobs = WorkerJobs(app, settings, metrics, processor, view, producer, tables,
                       Liveness(settings.stall_seconds, time.monotonic()))
 
+    jobs.subscribed = frozenset((*inputs, *view_topics))
     app.agent(source, name="run-events")(jobs.process)
     app.take_commit = jobs.take_commit
     app.observe_commit = jobs.observe_commit

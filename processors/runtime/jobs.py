@@ -37,7 +37,7 @@ from processors.runtime.faust_adaptations import (
     transactional_id,
 )
 from processors.runtime.health import Liveness
-from processors.runtime.topic_admin import output_limits
+from processors.runtime.topic_admin import existing_topics, input_topics_now, output_limits
 from processors.runtime.view_service import is_history, measure_view
 from processors.safe_logging import log_exception_kind
 from processors.view.thread_view import ThreadView
@@ -72,8 +72,13 @@ class WorkerJobs:
         self.own_topics = frozenset((self.ticks, settings.history_topic))
         self.routing = processor.builder.routing
         self.last_lookup = -TOPIC_LOOKUP_SECONDS
-        # Any topic of the agent's group gives a partition's transactional id.
-        self.group_topic = settings.input_topics[0] if settings.input_topics else self.ticks
+        # Any topic of the agent's group gives a partition's transactional id: the
+        # ticks', always read (with AGUI_INPUT_PATTERN no named input may be).
+        self.group_topic = self.ticks
+        # The raw and history topics Faust subscribed to at start (it subscribes to
+        # names, once): `note_unread_topics`.
+        self.subscribed: frozenset[str] = frozenset()
+        self.unread: set[str] = set()
         # What each partition's records produced since the last commit.
         self.unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
         self.agent_streams: list[Any] = []  # (liveness: records queued for the agent)
@@ -193,8 +198,23 @@ class WorkerJobs:
                 self.processor.builder.set_topic_limit(topic, limit)
             if self.routing is not None:
                 self.routing.learn(limits)
+            if self.settings.input_pattern is not None or self.routing is not None:
+                self.note_unread_topics(await existing_topics(self.settings))
         except Exception as error:  # an exception in a Faust timer would crash the worker
             log_exception_kind(log, logging.WARNING, "could not read the topics' limits", error)
+
+    def note_unread_topics(self, existing: list[str]) -> None:
+        """Raw topics AGUI_INPUT_PATTERN matches, and tenants' history topics, that were
+        created after the start: Faust subscribes once, at start, so the workers read
+        them after their next (rolling) restart. Each is said once, and counted."""
+        readable = {*input_topics_now(self.settings, existing)}
+        if self.routing is not None:
+            readable |= {name for name in existing if is_history(self.settings, name)}
+        for topic in sorted(readable - self.subscribed - self.unread):
+            log.warning("topic %s appeared after the start; the workers read it after their"
+                        " next restart (a rolling restart: docs/operations.md)", topic)
+        self.unread = readable - self.subscribed
+        self.metrics.unread_topics.set(len(self.unread))
 
     async def check_progress(self) -> None:
         """Feed liveness: records processed so far, and the input partitions with

@@ -15,7 +15,12 @@ from typing import Any
 
 from processors.config import ConfigError, Settings
 from processors.runtime.kafka_access import startup_problems
-from processors.runtime.topic_admin import TopicsNotCreated, create_topics
+from processors.runtime.topic_admin import (
+    TopicsNotCreated,
+    create_topics,
+    existing_topics,
+    input_topics_now,
+)
 from processors.safe_logging import JsonFormatter, TextFormatter
 
 log = logging.getLogger("agui_stream")
@@ -147,7 +152,9 @@ def run_worker() -> int:
         for problem in problems:
             sys.stderr.write(f"agui-stream: configuration error: {problem}\n")
         return 2
-    app = create_app(settings, Metrics(), tokens, limits)
+    matched = (None if settings.input_pattern is None
+               else input_topics_now(settings, asyncio.run(existing_topics(settings))))
+    app = create_app(settings, Metrics(), tokens, limits, matched)
     running = Path(settings.data_dir) / f".{settings.app_id}-running"
     if settings.store == "rocksdb://" and running.exists():
         # Killed last time: RocksDB may hold writes of transactions that were

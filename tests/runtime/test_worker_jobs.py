@@ -158,3 +158,21 @@ def test_the_metrics_page_exports_the_worker_registry() -> None:
     content_type, body = asyncio.run(jobs.metrics_page(Page(), None))
     assert content_type == "text/plain"
     assert b'agui_runs_total{outcome="success"} 1.0' in body
+
+
+def test_topics_that_appear_after_the_start_are_said_once_and_counted(
+        caplog: Any) -> None:
+    """Faust subscribes to names once, at start: a raw topic the pattern matches later
+    is read after a restart, and the operator is told so (issue: AGUI_INPUT_PATTERN
+    read nothing at all)."""
+    metrics = Metrics()
+    jobs = jobs_for(app_stand_in(), metrics)
+    jobs.settings = Settings.from_env({"AGUI_INPUT_PATTERN": r"tenant\..*"})
+    jobs.subscribed = frozenset({"tenant.a"})
+    for _ in range(2):
+        jobs.note_unread_topics(["tenant.a", "tenant.b", "unrelated", jobs.ticks])
+    assert jobs.unread == {"tenant.b"}
+    assert metrics.unread_topics._value.get() == 1
+    assert [r.getMessage() for r in caplog.records if "appeared" in r.getMessage()] == [
+        "topic tenant.b appeared after the start; the workers read it after their next"
+        " restart (a rolling restart: docs/operations.md)"]
