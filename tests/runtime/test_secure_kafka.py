@@ -282,16 +282,16 @@ def test_an_expired_or_wrong_host_broker_certificate_is_named(
 # ------------------------------------------------------------- who may read what
 
 
-def _reads(broker: Any, user: str, topic: str) -> bool:
+def _reads(broker: Any, user: str, topic: str, *, mtls: bool = False) -> bool:
     """True when `user` reads the topic's first record, False when the broker refuses
-    (the topics hold a record: `test_the_history_service…` writes one as the admin).
-    Subscribed, not assigned: an assigned consumer the broker refuses fetches nothing
-    for ever, and says nothing."""
+    (the tests write a record to each topic as the admin first). Subscribed, not
+    assigned: an assigned consumer the broker refuses fetches nothing for ever, and
+    says nothing. `mtls`: as the principal of a client certificate CN=`user`."""
     async def run() -> bool:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.sasl_bootstrap,
-                                    group_id=None, enable_auto_commit=False,
-                                    auto_offset_reset="earliest",
-                                    **security(credentials(broker, user)))
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=broker.mtls_bootstrap if mtls else broker.sasl_bootstrap,
+            group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            **security(credentials(broker, user, mtls=mtls)))
         try:
             await consumer.start()
             while not await consumer.getmany(timeout_ms=1000):
@@ -338,3 +338,26 @@ def test_the_history_service_reads_history_only_and_an_agent_server_reads_nothin
     assert _writes(broker, agent, namespace.events)
     for topic in (namespace.history, namespace.deadletter, namespace.events):
         assert not _reads(broker, agent, topic), topic
+
+
+def test_a_tenants_history_service_reads_its_own_topic_only(broker: Any) -> None:
+    """Per-tenant topics: `agui-stream acls --apply --tenant T` gives T's history
+    service (`User:history-service-T`, here from a client certificate) its own
+    history topic, and nothing of another tenant's or of the shared dead letters."""
+    namespace = Namespace(broker.sasl_bootstrap, partitions=1)
+    admin = {**credentials(broker, "admin"),
+             "AGUI_HISTORY_TOPIC_TEMPLATE": f"{namespace.prefix}.history.{{tenant}}",
+             "AGUI_DEADLETTER_TOPIC_TEMPLATE": f"{namespace.prefix}.deadletter.{{tenant}}"}
+    for command in (["create-topics"], ["create-topics", "--tenant", "acme", "--tenant", "globex"],
+                    ["acls", "--apply", "--tenant", "acme", "--tenant", "globex"]):
+        result = subprocess.run([AGUI_STREAM, *command], env=namespace.env(**admin),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (command, result.stderr)
+    acme, globex = (f"{namespace.prefix}.history.{tenant}" for tenant in ("acme", "globex"))
+    acme_dead_letters = f"{namespace.prefix}.deadletter.acme"
+    for topic in (acme, globex, namespace.deadletter, acme_dead_letters):
+        assert _writes(broker, "admin", topic)
+    service = "history-service-acme"
+    assert _reads(broker, service, acme, mtls=True)
+    for topic in (globex, namespace.deadletter, acme_dead_letters):
+        assert not _reads(broker, service, topic, mtls=True), topic
