@@ -55,6 +55,9 @@ NOT_IN_CORPUS = {
     FailureCode.RUN_CONTENT_LIMIT,
     FailureCode.RUN_ITEM_LIMIT,
     FailureCode.TENANT_OPEN_RUN_LIMIT,
+    # Per-tenant topics: a deployment's topics, not a stream's content.
+    WarningCode.TENANT_TOPIC_MISSING,
+    LossReason.TENANT_TOPIC_MISSING,
 }
 
 
