@@ -90,12 +90,15 @@ class Reads:
         if status == 503 and body.get("code") in ("not_ready", "wait_timeout"):
             return
         if status != 200:
-            self.problems.append(f"{thread}: {status} {body.get('code')}")
+            self.problems.append(f"{thread}: {status} {body.get('code')} from"
+                                 f" {worker.log_path.stem}")
             return
         ids = [message["id"] for message in body["messages"]]
         before = self.served.get(thread, [])
-        if ids[:len(before)] != before:
-            self.problems.append(f"{thread}: {len(ids)} messages after {len(before)} served")
+        if ids[:len(before)] != before:  # which worker, and what it answered (a report)
+            self.problems.append(f"{thread}: {len(ids)} messages after {len(before)} served,"
+                                 f" from {worker.log_path.stem} (historyOffset"
+                                 f" {body.get('historyOffset')})")
         else:
             self.served[thread] = ids
 
