@@ -132,7 +132,9 @@ def test_reads_during_a_join_and_a_leave_are_never_older_nor_missing(
         for thread in THREADS:
             wait_for(lambda thread=thread: _get(first, f"/v1/threads/{thread}")[0] == 200,
                      120, f"{thread} answered after the leave", first.log_tail)
-    assert reads.problems == []
+    assert not reads.problems, "\n".join([
+        f"{len(reads.problems)} problems, the first:", *reads.problems[:12],
+        "first worker:", first.log_tail(60), "second worker:", second.log_tail(60)])
     assert all(len(ids) == 2 * (run_number - 1) for ids in reads.served.values())
     assert reads.answers.get(200, 0) > 100
     first.stop()
