@@ -4,15 +4,24 @@ min.insync.replicas where AGUI_REPLICATION_FACTOR says production."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
 from processors.config import Settings
 from processors.runtime.topic_admin import (
     TopicFacts,
+    TopicsNotCreated,
+    _batches,
     configuration_problems,
+    ensure_topics,
     input_topics_now,
     output_topics_now,
     record_limit,
 )
-from topics.declarations import TABLE_NAMES, changelog_topic, idle_ticks_topic
+from topics.declarations import TABLE_NAMES, TopicSpec, changelog_topic, idle_ticks_topic
 
 SETTINGS = Settings.from_env({"AGUI_PARTITIONS": "8", "AGUI_APP_ID": "app",
                               "AGUI_INPUT_TOPICS": "events"})
@@ -82,3 +91,28 @@ def test_a_tenant_topic_needs_the_partition_count_too() -> None:
     facts = {**every_topic(settings), "agui.history.acme": TopicFacts(4, 1, 1_065_536, 1)}
     problems = configuration_problems(settings, facts, ["events"], outputs)
     assert len(problems) == 1 and "topic agui.history.acme has 4 partitions" in problems[0]
+
+
+def test_topics_are_created_in_requests_a_kraft_controller_accepts() -> None:
+    """A controller refuses a request of more than 10,000 records: 1,000 tenants'
+    topics at 8 partitions went out as one request and were all refused."""
+    specs = [TopicSpec(f"t{n}", 8, 1) for n in range(2_000)]
+    batches = _batches(specs)
+    assert [spec for batch in batches for spec in batch] == specs
+    assert max(sum(spec.partitions for spec in batch) for batch in batches) <= 4_000
+    assert _batches([TopicSpec("huge", 5_000, 1)]) == [[TopicSpec("huge", 5_000, 1)]]
+
+
+def test_a_refusal_names_a_few_topics_and_counts_the_rest() -> None:
+    class Admin:
+        async def list_topics(self) -> list[str]:
+            return []
+
+        async def create_topics(self, topics: list[Any]) -> Any:
+            return SimpleNamespace(topic_errors=[(t.name, 44, "too large") for t in topics])
+
+    specs = [TopicSpec(f"t{n}", 1, 1) for n in range(20)]
+    with pytest.raises(TopicsNotCreated) as refused:
+        asyncio.run(ensure_topics(cast(Any, Admin()), specs))
+    assert str(refused.value) == ("could not create 20 topic(s) (t0, t1, t2, t3, t4, …):"
+                                  " PolicyViolationError")
