@@ -193,13 +193,14 @@ class WorkerJobs:
         change a topic's max.message.bytes), so that every record built fits; with
         per-tenant topics, which tenants' topics exist."""
         try:
-            limits = await output_limits(self.settings)
+            existing = await existing_topics(self.settings)
+            limits = await output_limits(self.settings, existing)
             for topic, limit in limits.items():
                 self.processor.builder.set_topic_limit(topic, limit)
             if self.routing is not None:
                 self.routing.learn(limits)
             if self.settings.input_pattern is not None or self.routing is not None:
-                self.note_unread_topics(await existing_topics(self.settings))
+                self.note_unread_topics(existing)
         except Exception as error:  # an exception in a Faust timer would crash the worker
             log_exception_kind(log, logging.WARNING, "could not read the topics' limits", error)
 

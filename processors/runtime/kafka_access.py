@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from aiokafka import errors
@@ -175,15 +176,25 @@ def _certificate_problem(error: ssl.SSLCertVerificationError, settings: Settings
     return f"the broker's TLS certificate was refused (OpenSSL verify code {code})"
 
 
-async def startup_problems(settings: Settings) -> tuple[list[str], dict[str, int]]:
-    """What a starting worker finds wrong with Kafka, one sentence each (it must not
-    start), and the largest record each output topic takes. In order: the connection;
-    the ACLs on what exists (an ACL missing on a topic is named, not reported as a
-    topic that cannot be created); creating the internal and output topics; the ACLs
-    on those just created; the topics' settings (`topic_admin.checked_topics`)."""
+@dataclass(frozen=True, slots=True)
+class StartupFacts:
+    """What a starting worker learns of Kafka: the problems that must stop it (one
+    sentence each), the largest record each output topic takes, and the raw topics
+    AGUI_INPUT_PATTERN matches now."""
+
+    problems: list[str]
+    limits: dict[str, int]
+    inputs: list[str]
+
+
+async def startup_facts(settings: Settings) -> StartupFacts:
+    """In order: the connection; the ACLs on what exists (an ACL missing on a topic is
+    named, not reported as a topic that cannot be created); creating the internal and
+    output topics; the ACLs on those just created; the topics' settings
+    (`topic_admin.checked_topics`). The topics are listed once."""
     problem = await connection_problem(settings)
     if problem is not None:
-        return [problem], {}
+        return StartupFacts([problem], {}, [])
     existing = await existing_topics(settings)
     inputs = input_topics_now(settings, existing)
     tenants = tenant_topics_now(settings, existing)
@@ -192,12 +203,14 @@ async def startup_problems(settings: Settings) -> tuple[list[str], dict[str, int
         try:
             created = await create_topics(settings, include_inputs=False)
         except TopicsNotCreated as error:
-            return [str(error)], {}
+            return StartupFacts([str(error)], {}, inputs)
         if created:
+            existing += created
             missing = await missing_acls(settings, inputs, tenants)
     if missing:
-        return describe_missing(missing), {}
-    return await checked_topics(settings)
+        return StartupFacts(describe_missing(missing), {}, inputs)
+    problems, limits = await checked_topics(settings, existing)
+    return StartupFacts(problems, limits, inputs)
 
 
 # ------------------------------------------------------------------------------- ACLs

@@ -257,10 +257,11 @@ def record_limit(settings: Settings, facts: TopicFacts) -> int:
     return min(facts.max_message_bytes, largest_record(settings.max_record_bytes))
 
 
-async def checked_topics(settings: Settings) -> tuple[list[str], dict[str, int]]:
-    """What a starting worker learns of its topics: the problems that must stop it, and
-    the largest record each output topic that exists takes (the tenants' among them)."""
-    existing = await existing_topics(settings)
+async def checked_topics(settings: Settings,
+                         existing: list[str]) -> tuple[list[str], dict[str, int]]:
+    """What a starting worker learns of its topics (`existing`: the names it sees): the
+    problems that must stop it, and the largest record each output topic that exists
+    takes (the tenants' among them)."""
     inputs = input_topics_now(settings, existing)
     outputs = output_topics_now(settings, existing)
     internal = [idle_ticks_topic(settings.app_id),
@@ -270,9 +271,10 @@ async def checked_topics(settings: Settings) -> tuple[list[str], dict[str, int]]
     return configuration_problems(settings, facts, inputs, outputs), limits
 
 
-async def output_limits(settings: Settings) -> dict[str, int]:
-    """The largest record each output topic that exists takes now (an operator may
-    change it; per-tenant layout: and create or delete a tenant's topics)."""
-    outputs = output_topics_now(settings, await existing_topics(settings))
+async def output_limits(settings: Settings, existing: list[str]) -> dict[str, int]:
+    """The largest record each output topic of `existing` (the names the worker sees
+    now) takes (an operator may change it; per-tenant layout: and create or delete a
+    tenant's topics)."""
+    outputs = output_topics_now(settings, existing)
     facts = await describe_topics(settings, outputs)
     return {name: record_limit(settings, facts[name]) for name in outputs if name in facts}

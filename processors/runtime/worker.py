@@ -14,13 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from processors.config import ConfigError, Settings
-from processors.runtime.kafka_access import startup_problems
-from processors.runtime.topic_admin import (
-    TopicsNotCreated,
-    create_topics,
-    existing_topics,
-    input_topics_now,
-)
+from processors.runtime.kafka_access import startup_facts
+from processors.runtime.topic_admin import TopicsNotCreated, create_topics
 from processors.safe_logging import JsonFormatter, TextFormatter
 
 log = logging.getLogger("agui_stream")
@@ -147,14 +142,12 @@ def run_worker() -> int:
     use_uvloop()
     logging_config = worker_logging(settings)
     logging.config.dictConfig(logging_config)
-    problems, limits = asyncio.run(startup_problems(settings))
-    if problems:  # no access, or topics that would break the guarantees: refuse, say why
-        for problem in problems:
+    facts = asyncio.run(startup_facts(settings))
+    if facts.problems:  # no access, or topics that would break the guarantees: refuse, say why
+        for problem in facts.problems:
             sys.stderr.write(f"agui-stream: configuration error: {problem}\n")
         return 2
-    matched = (None if settings.input_pattern is None
-               else input_topics_now(settings, asyncio.run(existing_topics(settings))))
-    app = create_app(settings, Metrics(), tokens, limits, matched)
+    app = create_app(settings, Metrics(), tokens, facts.limits, facts.inputs)
     running = Path(settings.data_dir) / f".{settings.app_id}-running"
     if settings.store == "rocksdb://" and running.exists():
         # Killed last time: RocksDB may hold writes of transactions that were
