@@ -64,6 +64,12 @@ DOCUMENTED: Final = (
      " one run may hold; past it the run fails (run_item_limit)"),
     ("AGUI_TENANT_MAX_OPEN_RUNS", "5000", "runs one tenant may have open in one input"
      " partition; a run past it fails (tenant_open_run_limit); 0: no limit"),
+    ("AGUI_COMMIT_INTERVAL_MS", "100", "time between two commits: a run's history is"
+     " readable (and the thread view answers with it) about this long after its last"
+     " event; shorter costs more transactions (docs/capacity.md)"),
+    ("AGUI_CHECKPOINT_SECONDS", "5", "longest a streaming run's text waits to be stored; a"
+     " crash replays at most about this much input (0: stored with every commit, which"
+     " writes a changelog record per streaming run per commit)"),
     ("AGUI_STORE", "rocksdb://", "table store: rocksdb:// (production) or memory://"),
     ("AGUI_DATA_DIR", "/var/lib/agui-stream", "where RocksDB state lives"),
     ("AGUI_ROCKSDB_MEMORY_MIB", "16", "memory RocksDB may use per table and partition a"
@@ -145,6 +151,8 @@ class Settings:
     run_max_content_chars: int
     run_max_items: int
     tenant_max_open_runs: int
+    commit_interval_seconds: float
+    checkpoint_seconds: float
     store: str
     data_dir: str
     rocksdb_memory_mib: int
@@ -263,6 +271,10 @@ class Settings:
                                    10_000_000),
             tenant_max_open_runs=_integer("AGUI_TENANT_MAX_OPEN_RUNS",
                                           get("AGUI_TENANT_MAX_OPEN_RUNS"), 0, 100_000_000),
+            commit_interval_seconds=_integer("AGUI_COMMIT_INTERVAL_MS",
+                                             get("AGUI_COMMIT_INTERVAL_MS"), 10, 60_000) / 1000,
+            checkpoint_seconds=float(_integer("AGUI_CHECKPOINT_SECONDS",
+                                              get("AGUI_CHECKPOINT_SECONDS"), 0, 3_600)),
             store=store,
             data_dir=_non_empty("AGUI_DATA_DIR", get("AGUI_DATA_DIR")),
             rocksdb_memory_mib=_integer("AGUI_ROCKSDB_MEMORY_MIB",

@@ -3,10 +3,21 @@
 `RecordProcessor` keeps each run key's engine in memory (`CachedKey`) and
 turns every input record into the records to produce. What must persist is
 kept in memory too (write-behind, like Kafka Streams' record cache) and
-handed out once per commit by `changes(partition)`: per key the latest state
-entry and one text chunk (see `processors.processing.stored_keys`). The caller sends the
-outputs and the changes in the source partition's transaction, then commits
-its offsets, so state, outputs and offsets always agree.
+handed out by `changes(partition)`: per key the latest state entry and one text
+chunk (see `processors.processing.stored_keys`). The caller sends the outputs and
+the changes in the source partition's transaction, then commits its offsets, so
+state, outputs and offsets always agree.
+
+Checkpoints (`checkpoint_seconds` > 0): a key whose run is open and that produced
+no output since its state was last handed out may wait, up to that long, before it
+is handed out again, so that commits can be frequent (outputs readable soon)
+without writing every streaming run's text at every commit. Its records since are
+then covered by no stored state, so the offsets a commit may take stop before the
+first of them (`replay_starts`): a crash replays them onto the stored state, and
+every key's replay guard skips the records it had stored. A key that produced an
+output is always handed out with it (its guard then covers the record that made
+the output), and a partition whose sweep freed a key (its guard deleted) hands
+out every key, so no output can be published twice.
 
 It is total: no input can make it raise. An error while applying a record is
 contained: the key's run is failed with one dead letter and the key restarts
@@ -96,6 +107,11 @@ class CachedKey:
     entry_chunks: int | None = None  # the stored state entry's chunk count (None: no entry)
     stored_parts: int = 0  # parts of a split state entry that may be stored: 0 .. n-1
     freed: bool = False  # to delete at the next changes(), then forget
+    # Checkpoints: the first record applied since the key was last handed out, when,
+    # and whether a record since produced an output (then it is handed out at once).
+    pending_from: Applied | None = None
+    pending_since: float = 0.0
+    published: bool = False
     stale_texts: list[bytes] = field(default_factory=list)  # text entries to delete
 
     @classmethod
@@ -131,6 +147,7 @@ class _Partition:
     # Keys with no run open, stored and not cached: when each was last seen, for the
     # sweep that frees them (a float each, where a cached key holds an engine).
     resting: dict[bytes, float] = field(default_factory=dict)
+    freed_since_handed_out: bool = False  # the next changes() hands out every key
 
 
 class RecordProcessor:
@@ -138,7 +155,10 @@ class RecordProcessor:
 
     def __init__(self, builder: OutputBuilder, metrics: Metrics, stored: StoredTables, *,
                  tenant_header: str, default_tenant: str, idle_timeout: float,
-                 limits: RunLimits = DEFAULT_LIMITS, tenant_open_runs: int = 0) -> None:
+                 limits: RunLimits = DEFAULT_LIMITS, tenant_open_runs: int = 0,
+                 checkpoint_seconds: float = 0.0) -> None:
+        """`checkpoint_seconds`: how long a streaming key may wait to be handed out
+        (0: it is handed out with every commit; see the module docstring)."""
         self.builder = builder
         self.metrics = metrics
         self.stored = stored
@@ -148,6 +168,9 @@ class RecordProcessor:
         self.limits = limits
         # How many runs one tenant may have open in one input partition (0: any).
         self.tenant_open_runs = tenant_open_runs
+        self.checkpoint_seconds = checkpoint_seconds
+        # Per input (topic, partition): the offset after the last record processed.
+        self._processed: dict[tuple[str, int], int] = {}
         self._cache: dict[bytes, CachedKey] = {}
         self._partitions: dict[int, _Partition] = {}
         self._deleted: dict[bytes, None] = {}  # keys deleted by changes() not yet applied
@@ -166,6 +189,7 @@ class RecordProcessor:
         tenant = self.default_tenant
         state_key = b""
         try:
+            self._processed[(record.topic, record.partition)] = record.offset + 1
             tenant = self.tenant(record.headers)
             state_key = state_key_for(tenant, record.key)
             out: list[Outgoing] = []
@@ -186,8 +210,11 @@ class RecordProcessor:
                     f"tenant already has {self.tenant_open_runs} runs open in input partition"
                     f" {record.partition} (AGUI_TENANT_MAX_OPEN_RUNS)")))
             cached.applied = Applied(record.topic, record.offset)
+            if cached.pending_from is None:
+                cached.pending_from, cached.pending_since = cached.applied, now
             self._touch(state_key, cached, was_open)
             out.extend(self.builder.build(step, record, tenant))
+            cached.published = cached.published or bool(out)
             return out
         except Exception as error:
             return self._contain(error, state_key, record, tenant, now)
@@ -223,21 +250,54 @@ class RecordProcessor:
     def dirty_partitions(self) -> list[int]:
         return [number for number, part in self._partitions.items() if part.dirty]
 
-    def changes(self, partition: int) -> list[StateChange]:
+    def changes(self, partition: int, now: float = 0.0,
+                everything: bool = False) -> list[StateChange]:
         """What the partition's records changed since the last call, to persist with
-        its next commit. Per key at most one state entry and one text chunk."""
+        its next commit. Per key at most one state entry and one text chunk. Keys
+        that may wait for a checkpoint (module docstring) stay out unless
+        `everything` (partitions about to move, a stop)."""
         part = self._partitions.get(partition)
         if part is None or not part.dirty:
             return []
+        everything = (everything or part.freed_since_handed_out
+                      or self.checkpoint_seconds <= 0)
+        part.freed_since_handed_out = False
         changes: list[StateChange] = []
+        waiting: dict[bytes, None] = {}
         for state_key in part.dirty:
             cached = self._cache.get(state_key)
-            if cached is not None:
-                changes.extend(self._key_changes(state_key, cached, part))
-                if cached.engine.state.run is None and not cached.freed:
-                    self._resting[state_key] = None  # leaves memory once this is applied
-        part.dirty.clear()
+            if cached is None:
+                continue
+            if not everything and self._may_wait(cached, now):
+                waiting[state_key] = None
+                continue
+            changes.extend(self._key_changes(state_key, cached, part))
+            cached.pending_from, cached.published = None, False
+            if cached.engine.state.run is None and not cached.freed:
+                self._resting[state_key] = None  # leaves memory once this is applied
+        part.dirty = waiting
         return changes
+
+    def replay_starts(self) -> dict[tuple[str, int], int]:
+        """Per input (topic, partition) the offset a commit may take: the first record
+        of a key waiting for its checkpoint, else the offset after the last record
+        processed. Call it after `changes` of every partition."""
+        starts = dict(self._processed)
+        for part in self._partitions.values():
+            for state_key in part.dirty:
+                cached = self._cache.get(state_key)
+                if cached is not None and cached.pending_from is not None:
+                    first = cached.pending_from
+                    place = (first.topic, cached.partition)
+                    starts[place] = min(starts.get(place, first.offset), first.offset)
+        return starts
+
+    def _may_wait(self, cached: CachedKey, now: float) -> bool:
+        """A key that can wait for its checkpoint: a run open, nothing published since
+        it was handed out, and not waiting longer than the checkpoint interval."""
+        return (cached.pending_from is not None and not cached.published
+                and not cached.freed and cached.engine.state.run is not None
+                and now - cached.pending_since < self.checkpoint_seconds)
 
     def drop_deleted_keys(self) -> None:
         """The last commit's changes are applied to the stores: forget the keys it
@@ -272,6 +332,7 @@ class RecordProcessor:
         self._open_runs = 0
         self.metrics.open_runs.set(0)
         self._tenants.clear()
+        self._processed.clear()
 
     # --- internals -------------------------------------------------------------------
 
@@ -380,7 +441,11 @@ class RecordProcessor:
 
     def _free(self, state_key: bytes, cached: CachedKey, was_open: bool) -> None:
         cached.freed = True
-        self._part(cached.partition).dirty[state_key] = None
+        part = self._part(cached.partition)
+        part.dirty[state_key] = None
+        # Its replay guard goes with it: no record before the commit that deletes it
+        # may be replayed, so every waiting key of the partition is handed out too.
+        part.freed_since_handed_out = True
         if was_open:
             self._count_open(state_key, cached.partition, -1)
 

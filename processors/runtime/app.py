@@ -76,6 +76,7 @@ def faust_app(settings: Settings, app_class: type[faust.App] = AdaptedApp) -> An
         producer_linger=0.05,
         producer_max_batch_size=512 * 1024,
         broker_commit_every=100_000,
+        broker_commit_interval=settings.commit_interval_seconds,
         consumer_max_fetch_size=PARTITION_FETCH_BYTES,
         consumer_auto_offset_reset="earliest",
         consumer_group_instance_id=settings.group_instance_id,
@@ -151,7 +152,8 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
         idle_timeout=settings.idle_timeout_seconds,
         limits=RunLimits(settings.run_max_events, settings.run_max_content_chars,
                          settings.run_max_items),
-        tenant_open_runs=settings.tenant_max_open_runs)
+        tenant_open_runs=settings.tenant_max_open_runs,
+        checkpoint_seconds=settings.checkpoint_seconds)
     view = ThreadView(tables[VIEW_TABLE], partitions=settings.partitions,
                       retention_seconds=settings.view_retention_seconds,
                       history_topic=settings.history_topic,

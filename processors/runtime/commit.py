@@ -15,7 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any, NamedTuple, NoReturn
+
+from aiokafka import TopicPartition
+from faust.types import TP
 
 from processors.processing.outputs import Outgoing
 from processors.processing.record_processor import RecordProcessor, StateChange
@@ -75,8 +79,12 @@ class WorkerCommitBatch:
 
     def __init__(self, parts: list[PartitionBatch], producer: CommitProducer,
                  tables: dict[str, WriteBehindTable], app: AdaptedApp,
-                 processor: RecordProcessor, view: ThreadView) -> None:
+                 processor: RecordProcessor, view: ThreadView,
+                 replay_starts: dict[tuple[str, int], int]) -> None:
+        """`replay_starts`: per input (topic, partition), the offset its committed
+        offset may reach (`RecordProcessor.replay_starts`)."""
         self.parts = parts
+        self.replay_starts = replay_starts
         self.producer = producer
         self.tables = tables
         self.app = app
@@ -115,6 +123,29 @@ class WorkerCommitBatch:
                 self._delivered[delivery] = await delivery
         except Exception as error:
             stop_without_commit("the records produced since the last commit", error)
+
+    def offsets_to_commit(self, acked: dict[TP, int],
+                          committed: Mapping[TP, int | None]) -> dict[TP, int]:
+        """Faust's offsets of the records acked, each input partition's capped at its
+        replay start (a record past it is covered by no stored state yet), and an
+        input partition's replay start that moved although nothing was acked (its
+        waiting keys were handed out). A partition this batch writes to always has
+        an offset: a transaction commits only with offsets."""
+        offsets = dict(acked)
+        writes = {part.partition for part in self.parts}
+        assigned = {(tp.topic, tp.partition) for tp in self.app.consumer.assignment()}
+        for place, start in self.replay_starts.items():
+            if place not in assigned:  # revoked: committed by no one here
+                continue
+            # aiokafka's own type, the only one its transactions take (equal to Faust's
+            # TP of the same partition, so `offsets` holds one entry per partition).
+            tp = TopicPartition(*place)
+            before = committed.get(tp)
+            if tp in offsets:
+                offsets[tp] = min(offsets[tp], start)
+            elif tp.partition in writes or before is None or start > before:
+                offsets[tp] = start
+        return offsets
 
     async def apply(self) -> None:
         """Apply the committed state changes to the local stores, as recovery would."""

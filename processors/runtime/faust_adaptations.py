@@ -19,7 +19,7 @@ import importlib.metadata
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from itertools import repeat
 from time import monotonic
 from typing import Any, Final, NamedTuple, Protocol, cast
@@ -433,7 +433,7 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         async with self._one_commit_at_a_time():
             started = monotonic()
             async with self.app.record_boundary:
-                offsets, batch = self._take_commit(topics)
+                offsets, batch = self._take_commit(topics, not start_new_transaction)
             observe = self.app.observe_commit
             observe("take", monotonic() - started)
             return await self._complete_commit(offsets, batch, start_new_transaction,
@@ -447,7 +447,7 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         Proof: the join/leave test."""
         if self.in_transaction:
             async with self._one_commit_at_a_time(), self.app.record_boundary:
-                offsets, batch = self._take_commit(None)
+                offsets, batch = self._take_commit(None, everything=True)
                 await self._complete_commit(offsets, batch, True, _ignore_commit_phase)
         await super().on_partitions_revoked(revoked)
 
@@ -457,11 +457,17 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
             lock = self.__dict__["_adapted_commit_lock"] = asyncio.Lock()
         return lock
 
-    def _take_commit(self, topics: Any) -> tuple[dict[TP, int], CommitBatch]:
-        """Between two records: the offsets to commit and what their records left."""
+    def _take_commit(self, topics: Any, everything: bool = False,
+                     ) -> tuple[dict[TP, int], CommitBatch]:
+        """Between two records: the offsets to commit and what their records left
+        (`everything`: no state may wait for a checkpoint, see
+        `AdaptedApp.take_commit`). The batch has the last word on the offsets: Faust's
+        are those of the records acked, and a record acked may be covered by no
+        stored state yet."""
         offsets = self._filter_committable_offsets(
             list(self._filter_tps_with_pending_acks(topics)))
-        return offsets, self.app.take_commit()
+        batch = self.app.take_commit(everything)
+        return batch.offsets_to_commit(offsets, self._committed_offset), batch
 
     async def _complete_commit(self, offsets: dict[TP, int], batch: CommitBatch,
                                start_new_transaction: bool,
@@ -827,10 +833,19 @@ class CommitBatch(Protocol):
     async def apply(self) -> None:
         """The commit is done: apply what it persisted to the local stores."""
 
+    def offsets_to_commit(self, acked: dict[TP, int],
+                          committed: Mapping[TP, int | None]) -> dict[TP, int]:
+        """The offsets the commit takes, given those of the records acked since the
+        last commit and those committed."""
+
 
 class _EmptyCommitBatch:
     async def send(self) -> None:
         return None
+
+    def offsets_to_commit(self, acked: dict[TP, int],
+                          committed: Mapping[TP, int | None]) -> dict[TP, int]:
+        return acked
 
     async def apply(self) -> None:
         return None
@@ -856,7 +871,9 @@ class AdaptedApp(faust.App):
         self.record_boundary = asyncio.Lock()
         # A commit is sending its batch or committing its offsets (`apply_each`).
         self.commit_in_flight = False
-        self.take_commit: Callable[[], CommitBatch] = _EmptyCommitBatch
+        # Called between two records with `everything` True when no state may wait
+        # for a checkpoint (partitions about to move, a stop).
+        self.take_commit: Callable[[bool], CommitBatch] = lambda everything: _EmptyCommitBatch()
         # Told each timed commit's phases ("take", "send", "commit") and their seconds.
         self.observe_commit: Callable[[str, float], None] = _ignore_commit_phase
         self._owned_producers: set[str] = set()

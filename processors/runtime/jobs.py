@@ -138,19 +138,23 @@ class WorkerJobs:
 
     # --- the commit -----------------------------------------------------------------
 
-    def take_commit(self) -> WorkerCommitBatch:
+    def take_commit(self, everything: bool = False) -> WorkerCommitBatch:
         """Between two records: what the records since the last commit produced and
-        changed, per partition, with the partition's transaction."""
+        changed, per partition, with the partition's transaction (`everything`: no
+        key waits for its checkpoint)."""
         parts = []
+        now = time.time()
         for partition in sorted(set(self.unsent) | set(self.processor.dirty_partitions())
                                 | set(self.view.dirty_partitions())):
             transaction = (transactional_id(self.app, self.group_topic, partition)
                            if self.app.in_transaction else None)
-            parts.append(PartitionBatch(
-                partition, transaction, self.unsent.pop(partition, []),
-                self.processor.changes(partition) + self.view.changes(partition)))
+            outgoing = self.unsent.pop(partition, [])
+            changes = (self.processor.changes(partition, now, everything)
+                       + self.view.changes(partition))
+            if outgoing or changes:
+                parts.append(PartitionBatch(partition, transaction, outgoing, changes))
         return WorkerCommitBatch(parts, self.producer, self.tables, self.app,
-                                 self.processor, self.view)
+                                 self.processor, self.view, self.processor.replay_starts())
 
     def observe_commit(self, phase: str, seconds: float) -> None:
         self.metrics.commit_seconds.labels(phase).observe(seconds)

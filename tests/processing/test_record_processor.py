@@ -64,23 +64,25 @@ class Committed:
         self.tables: dict[str, dict[bytes, bytes]] = {STATE_TABLE: {}, TEXT_TABLE: {}}
         self.changelog_records = 0
 
-    def processor(self, metrics: Metrics | None = None,
-                  max_record_bytes: int = 1_000_000) -> RecordProcessor:
+    def processor(self, metrics: Metrics | None = None, max_record_bytes: int = 1_000_000,
+                  checkpoint_seconds: float = 0.0, idle: float = IDLE) -> RecordProcessor:
         metrics = metrics or Metrics()
         builder = OutputBuilder(HISTORY, DEADLETTER, max_record_bytes, metrics)
         return RecordProcessor(builder, metrics,
                                StoredTables(self.tables[STATE_TABLE], self.tables[TEXT_TABLE]),
                                tenant_header="tenant", default_tenant="default",
-                               idle_timeout=IDLE)
+                               idle_timeout=idle, checkpoint_seconds=checkpoint_seconds)
 
-    def commit(self, processor: RecordProcessor) -> None:
-        self.apply(processor, self.take(processor))
+    def commit(self, processor: RecordProcessor, now: float = 0.0,
+               everything: bool = False) -> None:
+        self.apply(processor, self.take(processor, now, everything))
 
     @staticmethod
-    def take(processor: RecordProcessor) -> list[StateChange]:
+    def take(processor: RecordProcessor, now: float = 0.0,
+             everything: bool = False) -> list[StateChange]:
         """What a commit takes between two records (it is then sent, then applied)."""
         return [change for partition in processor.dirty_partitions()
-                for change in processor.changes(partition)]
+                for change in processor.changes(partition, now, everything)]
 
     def apply(self, processor: RecordProcessor, changes: list[StateChange]) -> None:
         for change in changes:

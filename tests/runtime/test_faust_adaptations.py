@@ -415,7 +415,10 @@ def test_a_timed_commit_tells_how_long_each_phase_took(
                 steps.append(("apply", app.commit_in_flight))
                 clock[0] += 8.0  # after the commit: not part of any phase
 
-        def take() -> Batch:
+            def offsets_to_commit(self, acked: Any, committed: Any) -> Any:
+                return acked
+
+        def take(everything: bool) -> Batch:
             clock[0] += 0.125
             return Batch()
 

@@ -59,7 +59,8 @@ def app_stand_in(**flags: Any) -> Any:
         **flags)
 
 
-def jobs_for(app: Any, metrics: Metrics | None = None) -> WorkerJobs:
+def jobs_for(app: Any, metrics: Metrics | None = None,
+             checkpoint_seconds: float = 0.0) -> WorkerJobs:
     metrics = metrics or Metrics()
     tables: dict[str, Any] = {STATE_TABLE: {}, TEXT_TABLE: {}, VIEW_TABLE: {}}
     builder = OutputBuilder(SETTINGS.history_topic, SETTINGS.deadletter_topic,
@@ -67,7 +68,8 @@ def jobs_for(app: Any, metrics: Metrics | None = None) -> WorkerJobs:
     processor = RecordProcessor(builder, metrics,
                                 StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
                                 tenant_header="tenant", default_tenant="default",
-                                idle_timeout=SETTINGS.idle_timeout_seconds)
+                                idle_timeout=SETTINGS.idle_timeout_seconds,
+                                checkpoint_seconds=checkpoint_seconds)
     view = ThreadView(tables[VIEW_TABLE], partitions=SETTINGS.partitions,
                       retention_seconds=SETTINGS.view_retention_seconds)
     return WorkerJobs(cast(AdaptedApp, app), SETTINGS, metrics, processor, view,
@@ -113,6 +115,30 @@ def test_take_commit_batches_each_partition_once_and_empties_what_it_took() -> N
         assert len(part.outgoing) == 2 and part.changes
     assert jobs.unsent == {}
     assert jobs.take_commit().parts == []
+
+
+def test_a_commit_takes_no_offset_past_a_record_its_state_does_not_cover() -> None:
+    jobs = jobs_for(app_stand_in(), checkpoint_seconds=3600.0)
+    feed_run(jobs, 2, b"finished")  # offsets 0..4: a whole run, stored with its outputs
+    streaming = [Event("events", 2, offset, orjson.dumps(value), b"streaming")
+                 for offset, value in enumerate([run_started(), t_start("m"),
+                                                 t_content("m", "hi")], start=5)]
+    for event in streaming:
+        jobs.apply(event)
+    feed_run(jobs, 1, b"other")  # partition 1: offsets 0..4, all covered
+    faust_acked = {TP("events", 2): 8, TP("events", 1): 5}
+    batch = jobs.take_commit()
+    assert batch.offsets_to_commit(faust_acked, {}) == {TP("events", 2): 5,
+                                                        TP("events", 1): 5}
+    # Nothing acked since, nothing to write: the offsets stay.
+    assert jobs.take_commit().offsets_to_commit({}, {TP("events", 2): 5,
+                                                     TP("events", 1): 5}) == {}
+    # The waiting key is stored (a stop): its partition's offset moves on although
+    # nothing was acked since.
+    batch = jobs.take_commit(everything=True)
+    assert [part.partition for part in batch.parts] == [2]
+    assert batch.offsets_to_commit({}, {TP("events", 2): 5, TP("events", 1): 5}) == {
+        TP("events", 2): 8}
 
 
 def test_a_revocation_drops_what_was_not_committed() -> None:
