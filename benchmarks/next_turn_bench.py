@@ -44,6 +44,8 @@ sys.path.insert(0, str(REPO_ROOT))
 from service_bench import (  # noqa: E402  (benchmarks/ is this script's directory)
     bench_worker,
     broker,
+    commit_phases,
+    cpu_seconds,
     delete_topics,
     quantile,
     read_topic,
@@ -135,14 +137,18 @@ class Background:
                                     enable_idempotence=True)
         await producer.start()
         queues = [self.run_values(key, 0) for key in range(self.runs)]
-        # Staggered: run k starts k/runs of a run into its stream, so runs end spread.
-        positions = [key * len(queues[0]) // self.runs for key in range(self.runs)]
+        positions = [0] * self.runs
+        # Staggered: key k's first run starts k/runs of a run late, so runs end spread.
+        late = [key * len(queues[0]) // self.runs for key in range(self.runs)]
         numbers = [0] * self.runs
         rate = self.runs * self.per_second
         started, sent = time.monotonic(), 0
         try:
             while not self.stopping.is_set():
                 for key in range(self.runs):
+                    if late[key]:
+                        late[key] -= 1
+                        continue
                     if positions[key] >= len(queues[key]):
                         numbers[key] += 1
                         queues[key], positions[key] = self.run_values(key, numbers[key]), 0
@@ -180,6 +186,20 @@ def summary(readiness: list[float]) -> str:
             f" p99 {quantile(ms, 0.99):.0f} ms, max {ms[-1]:.0f} ms")
 
 
+class WorkerUse:
+    """The worker's CPU and commits over one part."""
+
+    def __init__(self, worker: Worker) -> None:
+        assert worker.process is not None
+        self.worker, self.pid = worker, worker.process.pid
+        self.cpu, self.clock, self.scrape = (cpu_seconds(self.pid), time.monotonic(),
+                                             worker.metrics())
+
+    def __str__(self) -> str:
+        cpu = (cpu_seconds(self.pid) - self.cpu) / (time.monotonic() - self.clock)
+        return f"worker CPU {cpu:.0%}; {commit_phases(self.worker.metrics(), self.scrape)}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=60)
@@ -203,16 +223,18 @@ def main() -> int:
             wait_for(worker.ready, 120, "the worker to be ready", worker.log_tail)
             print(f"worker settings: {env or 'defaults'}")
             asyncio.run(turns(bootstrap, ns.events, worker.port, 10, rng, "warm-up"))
+            use = WorkerUse(worker)
             idle = asyncio.run(turns(bootstrap, ns.events, worker.port, args.turns, rng,
                                      "idle"))
             print(f"1. readiness, idle worker:        {summary(idle)}"
-                  " (targets: p50 <= 60 ms, p99 <= 150 ms)")
+                  f" (targets: p50 <= 60 ms, p99 <= 150 ms)\n   {use}")
+            use = WorkerUse(worker)
             loaded, background = asyncio.run(loaded_turns(
                 bootstrap, ns.events, worker.port, args.turns, args.background,
                 args.deltas_per_second, rng))
             print(f"2. readiness, {args.background} runs streaming "
                   f"{args.deltas_per_second:g} deltas/s each: {summary(loaded)}"
-                  " (target: p99 <= 250 ms)")
+                  f" (target: p99 <= 250 ms)\n   {use}")
             records = size = 0
             for table in TABLE_NAMES:
                 for key, value in read_topic(bootstrap, f"{ns.app_id}-{table}-changelog"):

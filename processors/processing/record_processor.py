@@ -8,8 +8,8 @@ chunk (see `processors.processing.stored_keys`). The caller sends the outputs an
 the changes in the source partition's transaction, then commits its offsets, so
 state, outputs and offsets always agree.
 
-Checkpoints (`checkpoint_seconds` > 0): a key whose run is open and that produced
-no output since its state was last handed out may wait, up to that long, before it
+Checkpoints (`checkpoint_seconds` > 0): a key that produced no output since its
+state was last handed out may wait, up to that long, before it
 is handed out again, so that commits can be frequent (outputs readable soon)
 without writing every streaming run's text at every commit. Its records since are
 then covered by no stored state, so the offsets a commit may take stop before the
@@ -293,11 +293,11 @@ class RecordProcessor:
         return starts
 
     def _may_wait(self, cached: CachedKey, now: float) -> bool:
-        """A key that can wait for its checkpoint: a run open, nothing published since
-        it was handed out, and not waiting longer than the checkpoint interval."""
+        """A key that can wait for its checkpoint: nothing published since it was handed
+        out, not freed, and not waiting longer than the checkpoint interval (a key
+        whose run failed and whose producer streams on waits too)."""
         return (cached.pending_from is not None and not cached.published
-                and not cached.freed and cached.engine.state.run is not None
-                and now - cached.pending_since < self.checkpoint_seconds)
+                and not cached.freed and now - cached.pending_since < self.checkpoint_seconds)
 
     def drop_deleted_keys(self) -> None:
         """The last commit's changes are applied to the stores: forget the keys it

@@ -15,6 +15,7 @@ private attribute would silently disable a guarantee.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import inspect
 import logging
@@ -410,16 +411,42 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         """Faust sleeps the commit interval after each commit ends, so commits start
         every interval plus the commit's own duration, and a record's outputs wait up
         to that long to become readable. Here a commit starts every commit interval
-        (at once after one that took longer). Proof: tests/runtime/test_faust_adaptations.py;
-        service_bench.py part 4 (history latency)."""
+        (at once after one that took longer), and earlier when a record produced
+        history (`commit_soon`: a caller may be waiting for it), though no sooner
+        than a quarter interval after the last one began; the interval then counts
+        from it. Proof: tests/runtime/test_faust_adaptations.py; next_turn_bench.py."""
         interval = self.commit_interval
         start = monotonic() + interval
+        began = -interval
         while True:
-            await self.sleep(start - monotonic())
+            await self._until_commit(start - monotonic(), began + interval / 4 - monotonic())
             if self.should_stop:
                 return
+            self._commit_wanted().clear()
+            began = monotonic()
             await self.commit()
-            start = max(start + interval, monotonic())
+            start = max(min(start, began) + interval, monotonic())
+
+    def commit_soon(self) -> None:
+        """Start the next commit early (see `_commit_handler`)."""
+        self._commit_wanted().set()
+
+    async def _until_commit(self, timed: float, earliest: float) -> None:
+        """Until the next timed commit, `timed` seconds from now, or, once `earliest`
+        seconds have passed, until a commit is wanted soon."""
+        wanted = self._commit_wanted()
+        if earliest > 0 and timed > earliest:
+            await self.sleep(earliest)
+            timed -= earliest
+        if timed > 0 and not wanted.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wanted.wait(), timed)
+
+    def _commit_wanted(self) -> asyncio.Event:
+        wanted: asyncio.Event | None = self.__dict__.get("_adapted_commit_wanted")
+        if wanted is None:
+            wanted = self.__dict__["_adapted_commit_wanted"] = asyncio.Event()
+        return wanted
 
     async def force_commit(self, topics: Any = None, start_new_transaction: bool = True,
                            ) -> bool:
@@ -879,6 +906,13 @@ class AdaptedApp(faust.App):
         self._owned_producers: set[str] = set()
         self.on_partitions_assigned.connect(
             self._stop_producers_of_lost_partitions)  # type: ignore[arg-type]
+
+    def commit_soon(self) -> None:
+        """A record produced history: start the next commit early
+        (`WholeRecordConsumer._commit_handler`)."""
+        consumer = self.consumer
+        if isinstance(consumer, WholeRecordConsumer):
+            consumer.commit_soon()
 
     def _new_web(self) -> Any:
         """Faust's web driver, hardened (`web_server.HardenedWeb`) once the worker has

@@ -103,6 +103,9 @@ class WorkerJobs:
             self.metrics.count_record(message.partition, time.perf_counter() - clock)
         if produced:
             self.unsent[message.partition].extend(produced)
+            if any(is_history(self.settings, out.topic) for out in produced):
+                # A run ended: its next turn may be waiting for its history.
+                self.app.commit_soon()
 
     async def process(self, stream: Any) -> None:
         """The agent of the input topics and the idle ticks."""

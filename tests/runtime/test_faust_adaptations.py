@@ -373,8 +373,8 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
         consumer = await _consumer()
         consumer.commit_interval = 2.0
 
-        async def sleep(seconds: float) -> None:
-            clock[0] += max(seconds, 0.0)
+        async def until_commit(timed: float, earliest: float) -> None:
+            clock[0] += max(timed, 0.0)  # nothing wanted early
 
         async def commit(*args: Any, **kwargs: Any) -> bool:
             starts.append(clock[0])
@@ -383,13 +383,50 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
                 raise Enough
             return True
 
-        monkeypatch.setattr(consumer, "sleep", sleep)
+        monkeypatch.setattr(consumer, "_until_commit", until_commit)
         monkeypatch.setattr(consumer, "commit", commit)
         with pytest.raises(Enough):
             await WholeRecordConsumer._commit_handler.fun(consumer)
 
     asyncio.run(scenario())
     assert starts == [2.0, 4.0, 6.0, 9.0, 12.0]
+
+
+def test_a_commit_wanted_soon_starts_once_a_quarter_interval_has_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A record that produced history wants the next commit early: it starts as soon
+    as a quarter interval has passed since the last one began, not at the interval."""
+    clock = [0.0]
+    monkeypatch.setattr("processors.runtime.faust_adaptations.monotonic", lambda: clock[0])
+    starts: list[float] = []
+
+    class Enough(Exception):
+        pass
+
+    async def scenario() -> None:
+        consumer = await _consumer()
+        consumer.commit_interval = 2.0
+
+        async def sleep(seconds: float) -> None:
+            clock[0] += max(seconds, 0.0)
+
+        async def commit(*args: Any, **kwargs: Any) -> bool:
+            starts.append(clock[0])
+            clock[0] += 0.1
+            consumer.commit_soon()  # each commit's records ended a run meanwhile
+            if len(starts) == 3:
+                raise Enough
+            return True
+
+        monkeypatch.setattr(consumer, "sleep", sleep)
+        monkeypatch.setattr(consumer, "commit", commit)
+        consumer.commit_soon()
+        with pytest.raises(Enough):
+            await WholeRecordConsumer._commit_handler.fun(consumer)
+
+    asyncio.run(scenario())
+    assert starts == [0.0, 0.5, 1.0]  # at once, then every quarter interval
 
 
 def test_a_timed_commit_tells_how_long_each_phase_took(

@@ -52,8 +52,10 @@ class Page:
 def app_stand_in(**flags: Any) -> Any:
     assignment = {TP("events", 1), TP("events", 2), TP(idle_ticks_topic(SETTINGS.app_id), 1),
                   TP("agui-run-state-changelog", 1)}
+    early_commits: list[None] = []
     return SimpleNamespace(
         consumer=SimpleNamespace(assignment=lambda: assignment),
+        early_commits=early_commits, commit_soon=lambda: early_commits.append(None),
         tables=SimpleNamespace(changelog_topics={"agui-run-state-changelog"}),
         in_transaction=False, should_stop=False, rebalancing=False, in_recovery=False,
         **flags)
@@ -94,6 +96,18 @@ def test_apply_acks_each_record_and_keeps_what_it_produced_for_its_partition() -
     kinds = [orjson.loads(out.value)["kind"] for out in jobs.unsent[2]]
     assert kinds == ["message", "run"]
     assert jobs.metrics.per_record.records() == len(events)
+
+
+def test_a_record_that_ends_a_run_starts_the_next_commit_early() -> None:
+    app = app_stand_in()
+    jobs = jobs_for(app)
+    events = [Event("events", 2, offset, orjson.dumps(value)) for offset, value
+              in enumerate([run_started(), t_start("m"), t_content("m", "hi"), t_end("m")])]
+    for event in events:
+        jobs.apply(event)
+    assert app.early_commits == []  # streaming: nobody waits for it yet
+    jobs.apply(Event("events", 2, 4, orjson.dumps(run_finished())))
+    assert app.early_commits == [None]  # its history: the next turn may be waiting
 
 
 def test_a_tick_sweeps_its_partition_and_is_not_counted_as_a_record() -> None:
