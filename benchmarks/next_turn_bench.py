@@ -21,6 +21,11 @@ partitions, the settings' defaults unless ``--env`` overrides them).
 3. **Changelog.** The changelog records and bytes the background runs' keys
    wrote (the run-state, run-text and thread-view changelogs) per background
    input record and input byte.
+4. **Recovery after kill -9.** With the background streaming for 8 s, the worker
+   (static membership) is killed with SIGKILL and restarted at once; recovery is
+   the time from the restart to the answer of a turn produced right after it (the
+   worker has then replayed what it had not committed, and caught up with what
+   came meanwhile).
 """
 
 from __future__ import annotations
@@ -180,6 +185,35 @@ async def loaded_turns(bootstrap: str, topic: str, port: int, count: int, runs: 
     return readiness, background
 
 
+async def recovery(bootstrap: str, topic: str, worker: Worker, runs: int, per_second: float,
+                   rng: random.Random) -> float:
+    background = Background(bootstrap, topic, runs, per_second, rng)
+    streaming = asyncio.ensure_future(background.stream())
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        await asyncio.sleep(8.0)  # streaming runs hold text past a checkpoint
+        await asyncio.to_thread(worker.kill)
+        restarted = time.monotonic()
+        await asyncio.to_thread(worker.start)
+        thread, run_id = "recovery-t", "recovery-run"
+        for value in turn_events(thread, run_id, rng):
+            await producer.send_and_wait(topic, value, key=thread.encode(), headers=HEADERS)
+        url = (f"http://127.0.0.1:{worker.port}/v1/threads/{thread}/messages?run={run_id}")
+        async with aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=aiohttp.ClientTimeout(total=30)) as session:
+            while True:
+                async with session.get(url) as answer:
+                    if answer.status == 200:
+                        return time.monotonic() - restarted
+                await asyncio.sleep(0.05)  # not ready yet (503): ask again
+    finally:
+        background.stopping.set()
+        await streaming
+        await producer.stop()
+
+
 def summary(readiness: list[float]) -> str:
     ms = [1000 * seconds for seconds in readiness]
     return (f"{len(ms)} turns: p50 {quantile(ms, 0.5):.0f} ms, p95 {quantile(ms, 0.95):.0f} ms,"
@@ -219,6 +253,7 @@ def main() -> int:
         try:
             ns, worker = bench_worker(bootstrap, Path(scratch), workers, prefixes,
                                       "next-turn", AGUI_STORE="memory://",
+                                      AGUI_GROUP_INSTANCE_ID="next-turn-bench",
                                       AGUI_TOKENS_FILE=str(tokens), **env)
             wait_for(worker.ready, 120, "the worker to be ready", worker.log_tail)
             print(f"worker settings: {env or 'defaults'}")
@@ -245,6 +280,10 @@ def main() -> int:
                   f"{background.records:,} input records, {background.bytes:,} B: "
                   f"{records / background.records:.4f} records per input record (target"
                   f" <= 0.05), {size / background.bytes:.3f} B per input byte (target < 1.2)")
+            seconds = asyncio.run(recovery(bootstrap, ns.events, worker, args.background,
+                                           args.deltas_per_second, rng))
+            print(f"4. recovery after kill -9 under the background: {seconds:.1f} s from"
+                  " the restart to a new turn's answer")
         finally:
             for worker in workers:
                 worker.stop()

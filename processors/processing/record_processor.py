@@ -292,6 +292,11 @@ class RecordProcessor:
                     starts[place] = min(starts.get(place, first.offset), first.offset)
         return starts
 
+    def processed_offset(self, topic: str, partition: int) -> int | None:
+        """The offset after the last record of the input partition processed since the
+        partitions last moved (None: none)."""
+        return self._processed.get((topic, partition))
+
     def _may_wait(self, cached: CachedKey, now: float) -> bool:
         """A key that can wait for its checkpoint: nothing published since it was handed
         out, not freed, and not waiting longer than the checkpoint interval (a key

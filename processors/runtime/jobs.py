@@ -189,7 +189,10 @@ class WorkerJobs:
                 end = consumer.highwater(tp)
                 if not self.is_input(tp.topic) or end is None:
                     continue  # internal, or not fetched yet
-                lag = max(0, end - (committed.get(tp) or 0))
+                # Processed, not committed: a commit's offset may stay up to a
+                # checkpoint behind what was processed (RecordProcessor.replay_starts).
+                done = self.processor.processed_offset(tp.topic, tp.partition)
+                lag = max(0, end - (done if done is not None else committed.get(tp) or 0))
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(lag)
             measure_view(self.app, self.settings, self.metrics, self.view)
         except Exception as error:

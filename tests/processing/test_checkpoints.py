@@ -148,7 +148,7 @@ def test_a_crash_anywhere_with_checkpoints_replays_to_exactly_the_outputs_of_no_
     def processor(committed: Committed) -> RecordProcessor:
         # No run goes idle: a restart gives stored keys a fresh idle clock, so an
         # abandonment could differ (test_a_freed_key_... covers the sweep's frees).
-        return committed.processor(checkpoint_seconds=CHECKPOINT)
+        return committed.processor(checkpoint_seconds=CHECKPOINT, idle=1e9)
 
     expected: list[tuple[str, bytes]] = []
     never_crashed = processor(Committed())

@@ -155,6 +155,21 @@ def test_a_commit_takes_no_offset_past_a_record_its_state_does_not_cover() -> No
         TP("events", 2): 8}
 
 
+def test_consumer_lag_counts_from_the_last_record_processed_not_the_commit() -> None:
+    """A commit's offset may stay a checkpoint behind what was processed: the lag
+    gauge would count that as lag (and the lag alert fire under normal load)."""
+    app = app_stand_in()
+    ends = {TP("events", 1): 10, TP("events", 2): 9}
+    app.consumer.highwater = ends.get
+    app.consumer._committed_offset = {TP("events", 1): 3, TP("events", 2): 0}
+    jobs = jobs_for(app, checkpoint_seconds=3600.0)
+    feed_run(jobs, 2, b"run-1")  # offsets 0..4 processed, none committed
+    asyncio.run(jobs.measure_lag())
+    lag = jobs.metrics.consumer_lag
+    assert lag.labels("events", "2")._value.get() == 4
+    assert lag.labels("events", "1")._value.get() == 7  # nothing processed: committed
+
+
 def test_a_revocation_drops_what_was_not_committed() -> None:
     jobs = jobs_for(app_stand_in())
     feed_run(jobs, 2, b"run-1")
