@@ -6,7 +6,9 @@
 
 Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` if set, else starts the local KRaft
 broker of ``deploy/kafka_local.py``. One worker (exactly_once, memory://, 4
-partitions, the settings' defaults unless ``--env`` overrides them).
+partitions, the settings' defaults unless ``--env`` overrides them); with
+``--baseline``, first another with the settings before issue 31 (2.8 s commits,
+every key stored with each), on the same broker in the same run.
 
 1. **Readiness, idle.** An agent server's turns, one after another on a few
    threads: each produces a run (RUN_STARTED, a text message of 8 deltas,
@@ -234,6 +236,48 @@ class WorkerUse:
         return f"worker CPU {cpu:.0%}; {commit_phases(self.worker.metrics(), self.scrape)}"
 
 
+# The settings before issue 31: Faust's 2.8 s commits, every key stored with each.
+BEFORE = {"AGUI_COMMIT_INTERVAL_MS": "2800", "AGUI_CHECKPOINT_SECONDS": "0"}
+
+
+def measure(bootstrap: str, scratch: Path, tokens: Path, name: str, env: dict[str, str],
+            args: argparse.Namespace, rng: random.Random, workers: list[Worker],
+            prefixes: list[str]) -> None:
+    """Parts 1-4 on a worker of their own with `env`."""
+    ns, worker = bench_worker(bootstrap, scratch, workers, prefixes, name,
+                              AGUI_STORE="memory://", AGUI_GROUP_INSTANCE_ID=name,
+                              AGUI_TOKENS_FILE=str(tokens), **env)
+    wait_for(worker.ready, 120, "the worker to be ready", worker.log_tail)
+    print(f"\n== worker settings: {env or 'defaults'} ==")
+    asyncio.run(turns(bootstrap, ns.events, worker.port, 10, rng, "warm-up"))
+    use = WorkerUse(worker)
+    idle = asyncio.run(turns(bootstrap, ns.events, worker.port, args.turns, rng, "idle"))
+    print(f"1. readiness, idle worker:        {summary(idle)}"
+          f" (targets: p50 <= 60 ms, p99 <= 150 ms)\n   {use}")
+    use = WorkerUse(worker)
+    loaded, background = asyncio.run(loaded_turns(
+        bootstrap, ns.events, worker.port, args.turns, args.background,
+        args.deltas_per_second, rng))
+    print(f"2. readiness, {args.background} runs streaming "
+          f"{args.deltas_per_second:g} deltas/s each: {summary(loaded)}"
+          f" (target: p99 <= 250 ms)\n   {use}")
+    records = size = 0
+    for table in TABLE_NAMES:
+        for key, value in read_topic(bootstrap, f"{ns.app_id}-{table}-changelog"):
+            if b"bg-" in key:
+                records += 1
+                size += len(key) + len(value or b"")
+    print(f"3. changelog of the background: {records:,} records, {size:,} B for "
+          f"{background.records:,} input records, {background.bytes:,} B: "
+          f"{records / background.records:.4f} records per input record (target"
+          f" <= 0.05), {size / background.bytes:.3f} B per input byte (target < 1.2)")
+    seconds = asyncio.run(recovery(bootstrap, ns.events, worker, args.background,
+                                   args.deltas_per_second, rng))
+    print(f"4. recovery after kill -9 under the background: {seconds:.1f} s from"
+          " the restart to a new turn's answer")
+    worker.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=60)
@@ -242,6 +286,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--env", action="append", default=[],
                         help="a worker setting NAME=VALUE (repeatable)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first the same parts with the settings before issue 31"
+                             " (2.8 s commits, no checkpoints)")
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
     rng = random.Random(args.seed)
@@ -251,39 +298,11 @@ def main() -> int:
         tokens = Path(scratch) / "tokens"
         tokens.write_text(token_line(TENANT, TOKEN) + "\n")
         try:
-            ns, worker = bench_worker(bootstrap, Path(scratch), workers, prefixes,
-                                      "next-turn", AGUI_STORE="memory://",
-                                      AGUI_GROUP_INSTANCE_ID="next-turn-bench",
-                                      AGUI_TOKENS_FILE=str(tokens), **env)
-            wait_for(worker.ready, 120, "the worker to be ready", worker.log_tail)
-            print(f"worker settings: {env or 'defaults'}")
-            asyncio.run(turns(bootstrap, ns.events, worker.port, 10, rng, "warm-up"))
-            use = WorkerUse(worker)
-            idle = asyncio.run(turns(bootstrap, ns.events, worker.port, args.turns, rng,
-                                     "idle"))
-            print(f"1. readiness, idle worker:        {summary(idle)}"
-                  f" (targets: p50 <= 60 ms, p99 <= 150 ms)\n   {use}")
-            use = WorkerUse(worker)
-            loaded, background = asyncio.run(loaded_turns(
-                bootstrap, ns.events, worker.port, args.turns, args.background,
-                args.deltas_per_second, rng))
-            print(f"2. readiness, {args.background} runs streaming "
-                  f"{args.deltas_per_second:g} deltas/s each: {summary(loaded)}"
-                  f" (target: p99 <= 250 ms)\n   {use}")
-            records = size = 0
-            for table in TABLE_NAMES:
-                for key, value in read_topic(bootstrap, f"{ns.app_id}-{table}-changelog"):
-                    if b"bg-" in key:
-                        records += 1
-                        size += len(key) + len(value or b"")
-            print(f"3. changelog of the background: {records:,} records, {size:,} B for "
-                  f"{background.records:,} input records, {background.bytes:,} B: "
-                  f"{records / background.records:.4f} records per input record (target"
-                  f" <= 0.05), {size / background.bytes:.3f} B per input byte (target < 1.2)")
-            seconds = asyncio.run(recovery(bootstrap, ns.events, worker, args.background,
-                                           args.deltas_per_second, rng))
-            print(f"4. recovery after kill -9 under the background: {seconds:.1f} s from"
-                  " the restart to a new turn's answer")
+            if args.baseline:
+                measure(bootstrap, Path(scratch), tokens, "before", {**BEFORE, **env}, args,
+                        rng, workers, prefixes)
+            measure(bootstrap, Path(scratch), tokens, "next-turn", env, args, rng, workers,
+                    prefixes)
         finally:
             for worker in workers:
                 worker.stop()
