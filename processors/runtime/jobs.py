@@ -103,9 +103,16 @@ class WorkerJobs:
             self.metrics.count_record(message.partition, time.perf_counter() - clock)
         if produced:
             self.unsent[message.partition].extend(produced)
-            if any(is_history(self.settings, out.topic) for out in produced):
-                # A run ended: its next turn may be waiting for its history.
+            if (any(is_history(self.settings, out.topic) for out in produced)
+                    and not self.records_queued()):
+                # A run ended: its next turn may be waiting for its history. (With
+                # records queued, the worker is draining a backlog: commits back to
+                # back would halve its rate, and the timed one comes soon enough.)
                 self.app.commit_soon()
+
+    def records_queued(self) -> int:
+        """Records fetched and waiting for the agent."""
+        return sum(stream.channel.queue.qsize() for stream in self.agent_streams)
 
     async def process(self, stream: Any) -> None:
         """The agent of the input topics and the idle ticks."""
@@ -232,7 +239,7 @@ class WorkerJobs:
         records waiting (not yet fetched, or delivered and not yet processed)."""
         try:
             lagging = await self.lagging_partitions()
-            queued = sum(stream.channel.queue.qsize() for stream in self.agent_streams)
+            queued = self.records_queued()
             if queued:
                 lagging.append(f"{queued} record(s) queued for the agent")
             self.liveness.observe(self.metrics.per_record.records(), lagging, time.monotonic())

@@ -392,6 +392,39 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
     assert starts == [2.0, 4.0, 6.0, 9.0, 12.0]
 
 
+def test_a_backlog_stretches_the_commit_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Draining a backlog, commits every interval cost a third of the rate: a timed
+    commit then waits up to five intervals; a commit wanted soon does not."""
+    clock = [0.0]
+    monkeypatch.setattr("processors.runtime.faust_adaptations.monotonic", lambda: clock[0])
+    starts: list[float] = []
+
+    class Enough(Exception):
+        pass
+
+    async def scenario() -> None:
+        consumer = await _consumer()
+        consumer.commit_interval = 1.0
+        consumer.app.records_waiting = lambda: 1000
+
+        async def until_commit(timed: float, earliest: float) -> None:
+            clock[0] += max(timed, 0.0)
+
+        async def commit(*args: Any, **kwargs: Any) -> bool:
+            starts.append(clock[0])
+            if len(starts) == 3:
+                raise Enough
+            return True
+
+        monkeypatch.setattr(consumer, "_until_commit", until_commit)
+        monkeypatch.setattr(consumer, "commit", commit)
+        with pytest.raises(Enough):
+            await WholeRecordConsumer._commit_handler.fun(consumer)
+
+    asyncio.run(scenario())
+    assert starts == [4.0, 9.0, 14.0]  # every five intervals
+
+
 def test_a_commit_wanted_soon_starts_once_a_quarter_interval_has_passed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
