@@ -168,7 +168,7 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     app.agent(source, name="run-events")(jobs.process)
     app.take_commit = jobs.take_commit
     app.observe_commit = jobs.observe_commit
-    app.records_waiting = jobs.records_queued
+    app.backlogged = jobs.backlogged
     app.timer(min(30.0, settings.idle_timeout_seconds / 4))(jobs.tick_own_partitions)
     app.timer(10.0)(jobs.measure_lag)
     app.timer(min(10.0, settings.stall_seconds / 3))(jobs.check_progress)

@@ -144,7 +144,7 @@ _RESUME_POLL_SECONDS: Final = 0.05
 # How long one fetch waits for records (Faust: 1 s; with none, Faust fetches again).
 _FETCH_POLL_SECONDS: Final = 0.1
 
-# While records wait for the agent, a timed commit waits up to this many intervals
+# While the agent drains a backlog, a timed commit waits up to this many intervals
 # since the last one (`WholeRecordConsumer._commit_handler`).
 BACKLOG_COMMIT_INTERVALS: Final = 5
 
@@ -418,7 +418,7 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         (at once after one that took longer), and earlier when a record produced
         history (`commit_soon`: a caller may be waiting for it), though no sooner
         than a quarter interval after the last one began; the interval then counts
-        from it. While a backlog waits for the agent, a timed commit waits up to
+        from it. While the agent drains a backlog, a timed commit waits up to
         `BACKLOG_COMMIT_INTERVALS` intervals. Proof: tests/runtime/test_faust_adaptations.py;
         next_turn_bench.py; service_bench.py part 1."""
         interval = self.commit_interval
@@ -428,7 +428,7 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
             await self._until_commit(start - monotonic(), began + interval / 4 - monotonic())
             if self.should_stop:
                 return
-            if (not self._commit_wanted().is_set() and self.app.records_waiting()
+            if (not self._commit_wanted().is_set() and self.app.backlogged()
                     and monotonic() - began < BACKLOG_COMMIT_INTERVALS * interval):
                 # Draining a backlog: fewer, larger commits (each is a transaction per
                 # partition; at 100 ms they cost a backlog a third of its rate), and
@@ -914,8 +914,8 @@ class AdaptedApp(faust.App):
         # Called between two records with `everything` True when no state may wait
         # for a checkpoint (partitions about to move, a stop).
         self.take_commit: Callable[[bool], CommitBatch] = lambda everything: _EmptyCommitBatch()
-        # How many records wait for the agent (a backlog stretches the commit interval).
-        self.records_waiting: Callable[[], int] = lambda: 0
+        # Whether the agent is draining a backlog (which stretches the commit interval).
+        self.backlogged: Callable[[], bool] = lambda: False
         # Told each timed commit's phases ("take", "send", "commit") and their seconds.
         self.observe_commit: Callable[[str, float], None] = _ignore_commit_phase
         self._owned_producers: set[str] = set()

@@ -52,6 +52,9 @@ _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 # producer naming a new tenant in every record cannot make every record wait for one.
 TOPIC_LOOKUP_SECONDS: Final = 1.0
 
+# Records queued for the agent from which it counts as draining a backlog.
+BACKLOG_RECORDS: Final = 2_048
+
 
 class WorkerJobs:
     """What one worker does, job by job; the state the jobs share is its attributes."""
@@ -104,15 +107,20 @@ class WorkerJobs:
         if produced:
             self.unsent[message.partition].extend(produced)
             if (any(is_history(self.settings, out.topic) for out in produced)
-                    and not self.records_queued()):
-                # A run ended: its next turn may be waiting for its history. (With
-                # records queued, the worker is draining a backlog: commits back to
-                # back would halve its rate, and the timed one comes soon enough.)
+                    and not self.backlogged()):
+                # A run ended: its next turn may be waiting for its history. (Draining
+                # a backlog, commits back to back would halve the worker's rate, and
+                # the timed one comes soon enough.)
                 self.app.commit_soon()
 
     def records_queued(self) -> int:
         """Records fetched and waiting for the agent."""
         return sum(stream.channel.queue.qsize() for stream in self.agent_streams)
+
+    def backlogged(self) -> bool:
+        """Draining a backlog: the agent's queue at least half full (Faust's buffer holds
+        4,096 records; a worker keeping up with its input holds a fetch's worth)."""
+        return self.records_queued() >= BACKLOG_RECORDS
 
     async def process(self, stream: Any) -> None:
         """The agent of the input topics and the idle ticks."""

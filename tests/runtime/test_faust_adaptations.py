@@ -405,7 +405,7 @@ def test_a_backlog_stretches_the_commit_interval(monkeypatch: pytest.MonkeyPatch
     async def scenario() -> None:
         consumer = await _consumer()
         consumer.commit_interval = 1.0
-        consumer.app.records_waiting = lambda: 1000
+        consumer.app.backlogged = lambda: True
 
         async def until_commit(timed: float, earliest: float) -> None:
             clock[0] += max(timed, 0.0)

@@ -110,6 +110,15 @@ def test_a_record_that_ends_a_run_starts_the_next_commit_early() -> None:
     assert app.early_commits == [None]  # its history: the next turn may be waiting
 
 
+def test_a_run_ending_while_a_backlog_drains_does_not_start_a_commit_early() -> None:
+    app = app_stand_in()
+    jobs = jobs_for(app)
+    full = SimpleNamespace(channel=SimpleNamespace(queue=SimpleNamespace(qsize=lambda: 3000)))
+    jobs.agent_streams.append(full)
+    feed_run(jobs, 2, b"run-1")
+    assert app.early_commits == []  # the timed commit, stretched, takes it
+
+
 def test_a_tick_sweeps_its_partition_and_is_not_counted_as_a_record() -> None:
     jobs = jobs_for(app_stand_in())
     tick = Event(jobs.ticks, 1, 0, b"1700000000.0", key=b"")
