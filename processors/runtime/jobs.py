@@ -52,7 +52,8 @@ _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 # producer naming a new tenant in every record cannot make every record wait for one.
 TOPIC_LOOKUP_SECONDS: Final = 1.0
 
-# Records queued for the agent from which it counts as draining a backlog.
+# Input records not processed yet from which a worker counts as draining a backlog
+# (about a fifth of a second of its work).
 BACKLOG_RECORDS: Final = 2_048
 
 
@@ -118,9 +119,19 @@ class WorkerJobs:
         return sum(stream.channel.queue.qsize() for stream in self.agent_streams)
 
     def backlogged(self) -> bool:
-        """Draining a backlog: the agent's queue at least half full (Faust's buffer holds
-        4,096 records; a worker keeping up with its input holds a fetch's worth)."""
-        return self.records_queued() >= BACKLOG_RECORDS
+        """Draining a backlog: `BACKLOG_RECORDS` or more input records not processed yet
+        (up to the partitions' ends as last fetched). A worker keeping up with its
+        input is a fetch or so behind; its queue alone says little, filling and
+        emptying with every fetch."""
+        consumer = self.app.consumer
+        behind = 0
+        for tp in consumer.assignment():
+            if self.is_input(tp.topic):
+                end = consumer.highwater(tp)
+                done = self.processor.processed_offset(tp.topic, tp.partition)
+                if end is not None and done is not None:
+                    behind += max(0, end - done)
+        return behind >= BACKLOG_RECORDS
 
     async def process(self, stream: Any) -> None:
         """The agent of the input topics and the idle ticks."""

@@ -54,7 +54,7 @@ def app_stand_in(**flags: Any) -> Any:
                   TP("agui-run-state-changelog", 1)}
     early_commits: list[None] = []
     return SimpleNamespace(
-        consumer=SimpleNamespace(assignment=lambda: assignment),
+        consumer=SimpleNamespace(assignment=lambda: assignment, highwater=lambda tp: None),
         early_commits=early_commits, commit_soon=lambda: early_commits.append(None),
         tables=SimpleNamespace(changelog_topics={"agui-run-state-changelog"}),
         in_transaction=False, should_stop=False, rebalancing=False, in_recovery=False,
@@ -112,9 +112,8 @@ def test_a_record_that_ends_a_run_starts_the_next_commit_early() -> None:
 
 def test_a_run_ending_while_a_backlog_drains_does_not_start_a_commit_early() -> None:
     app = app_stand_in()
+    app.consumer.highwater = lambda tp: 5_000  # 5,000 records behind on partition 2
     jobs = jobs_for(app)
-    full = SimpleNamespace(channel=SimpleNamespace(queue=SimpleNamespace(qsize=lambda: 3000)))
-    jobs.agent_streams.append(full)
     feed_run(jobs, 2, b"run-1")
     assert app.early_commits == []  # the timed commit, stretched, takes it
 
