@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -357,11 +358,13 @@ def test_with_every_partition_waiting_for_its_queue_the_consumer_looks_again_soo
     asyncio.run(scenario())
 
 
-def test_commits_start_every_commit_interval_however_long_each_takes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Faust slept the interval after each commit: commits started every interval plus
-    the commit's duration, and a record's history waited that much longer."""
+def _commit_starts(monkeypatch: pytest.MonkeyPatch, interval: float, commits: int,
+                   commit_takes: Callable[[int], float], *, backlogged: bool = False,
+                   wanted: bool = False) -> list[float]:
+    """When the commit handler starts its first `commits` commits, on a fake clock: a
+    commit takes `commit_takes(n)` seconds (n counts from 1). `wanted`: a commit is
+    wanted early from the start and again during every commit (each one's records
+    ended a run); otherwise none is, and the handler's wait is the timed one."""
     clock = [0.0]
     monkeypatch.setattr("processors.runtime.faust_adaptations.monotonic", lambda: clock[0])
     starts: list[float] = []
@@ -371,57 +374,51 @@ def test_commits_start_every_commit_interval_however_long_each_takes(
 
     async def scenario() -> None:
         consumer = await _consumer()
-        consumer.commit_interval = 2.0
+        consumer.commit_interval = interval
+        consumer.app.backlogged = lambda: backlogged
+
+        async def sleep(seconds: float) -> None:
+            clock[0] += max(seconds, 0.0)
 
         async def until_commit(timed: float, earliest: float) -> None:
             clock[0] += max(timed, 0.0)  # nothing wanted early
 
         async def commit(*args: Any, **kwargs: Any) -> bool:
             starts.append(clock[0])
-            clock[0] += 0.5 if len(starts) < 3 else 3.0  # the third overruns the interval
-            if len(starts) == 5:
+            clock[0] += commit_takes(len(starts))
+            if wanted:
+                consumer.commit_soon()
+            if len(starts) == commits:
                 raise Enough
             return True
 
-        monkeypatch.setattr(consumer, "_until_commit", until_commit)
+        monkeypatch.setattr(consumer, "sleep", sleep)
+        if wanted:
+            consumer.commit_soon()
+        else:
+            monkeypatch.setattr(consumer, "_until_commit", until_commit)
         monkeypatch.setattr(consumer, "commit", commit)
         with pytest.raises(Enough):
             await WholeRecordConsumer._commit_handler.fun(consumer)
 
     asyncio.run(scenario())
+    return starts
+
+
+def test_commits_start_every_commit_interval_however_long_each_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faust slept the interval after each commit: commits started every interval plus
+    the commit's duration, and a record's history waited that much longer."""
+    starts = _commit_starts(monkeypatch, 2.0, 5,
+                            lambda n: 0.5 if n < 3 else 3.0)  # the third overruns
     assert starts == [2.0, 4.0, 6.0, 9.0, 12.0]
 
 
 def test_a_backlog_stretches_the_commit_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     """Draining a backlog, commits every interval cost a third of the rate: a timed
-    commit then waits up to five intervals; a commit wanted soon does not."""
-    clock = [0.0]
-    monkeypatch.setattr("processors.runtime.faust_adaptations.monotonic", lambda: clock[0])
-    starts: list[float] = []
-
-    class Enough(Exception):
-        pass
-
-    async def scenario() -> None:
-        consumer = await _consumer()
-        consumer.commit_interval = 1.0
-        consumer.app.backlogged = lambda: True
-
-        async def until_commit(timed: float, earliest: float) -> None:
-            clock[0] += max(timed, 0.0)
-
-        async def commit(*args: Any, **kwargs: Any) -> bool:
-            starts.append(clock[0])
-            if len(starts) == 3:
-                raise Enough
-            return True
-
-        monkeypatch.setattr(consumer, "_until_commit", until_commit)
-        monkeypatch.setattr(consumer, "commit", commit)
-        with pytest.raises(Enough):
-            await WholeRecordConsumer._commit_handler.fun(consumer)
-
-    asyncio.run(scenario())
+    commit then waits up to five intervals."""
+    starts = _commit_starts(monkeypatch, 1.0, 3, lambda n: 0.0, backlogged=True)
     assert starts == [4.0, 9.0, 14.0]  # every five intervals
 
 
@@ -429,37 +426,10 @@ def test_a_commit_wanted_soon_starts_once_a_quarter_interval_has_passed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A record that produced history wants the next commit early: it starts as soon
-    as a quarter interval has passed since the last one began, not at the interval."""
-    clock = [0.0]
-    monkeypatch.setattr("processors.runtime.faust_adaptations.monotonic", lambda: clock[0])
-    starts: list[float] = []
-
-    class Enough(Exception):
-        pass
-
-    async def scenario() -> None:
-        consumer = await _consumer()
-        consumer.commit_interval = 2.0
-
-        async def sleep(seconds: float) -> None:
-            clock[0] += max(seconds, 0.0)
-
-        async def commit(*args: Any, **kwargs: Any) -> bool:
-            starts.append(clock[0])
-            clock[0] += 0.1
-            consumer.commit_soon()  # each commit's records ended a run meanwhile
-            if len(starts) == 3:
-                raise Enough
-            return True
-
-        monkeypatch.setattr(consumer, "sleep", sleep)
-        monkeypatch.setattr(consumer, "commit", commit)
-        consumer.commit_soon()
-        with pytest.raises(Enough):
-            await WholeRecordConsumer._commit_handler.fun(consumer)
-
-    asyncio.run(scenario())
-    assert starts == [0.0, 0.5, 1.0]  # at once, then every quarter interval
+    as a quarter interval has passed since the last one began, not at the interval,
+    backlog or not (a wanted commit is never stretched)."""
+    assert _commit_starts(monkeypatch, 2.0, 3, lambda n: 0.1, wanted=True,
+                          backlogged=True) == [0.0, 0.5, 1.0]
 
 
 def test_a_timed_commit_tells_how_long_each_phase_took(
