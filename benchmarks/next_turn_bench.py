@@ -6,7 +6,8 @@
 
 Uses the broker in ``KAFKA_BOOTSTRAP_SERVERS`` if set, else starts the local KRaft
 broker of ``deploy/kafka_local.py``. One worker (exactly_once, memory://, 4
-partitions, the settings' defaults unless ``--env`` overrides them); with
+partitions unless ``--partitions``, the settings' defaults unless ``--env``
+overrides them); with
 ``--baseline``, first another with the settings before issue 31 (2.8 s commits,
 every key stored with each), on the same broker in the same run.
 
@@ -244,11 +245,11 @@ def measure(bootstrap: str, scratch: Path, tokens: Path, name: str, env: dict[st
             args: argparse.Namespace, rng: random.Random, workers: list[Worker],
             prefixes: list[str]) -> None:
     """Parts 1-4 on a worker of their own with `env`."""
-    ns, worker = bench_worker(bootstrap, scratch, workers, prefixes, name,
+    ns, worker = bench_worker(bootstrap, scratch, workers, prefixes, name, args.partitions,
                               AGUI_STORE="memory://", AGUI_GROUP_INSTANCE_ID=name,
                               AGUI_TOKENS_FILE=str(tokens), **env)
     wait_for(worker.ready, 120, "the worker to be ready", worker.log_tail)
-    print(f"\n== worker settings: {env or 'defaults'} ==")
+    print(f"\n== worker settings: {env or 'defaults'}, {args.partitions} partitions ==")
     asyncio.run(turns(bootstrap, ns.events, worker.port, 10, rng, "warm-up"))
     use = WorkerUse(worker)
     idle = asyncio.run(turns(bootstrap, ns.events, worker.port, args.turns, rng, "idle"))
@@ -284,6 +285,7 @@ def main() -> int:
     parser.add_argument("--background", type=int, default=200)
     parser.add_argument("--deltas-per-second", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--env", action="append", default=[],
                         help="a worker setting NAME=VALUE (repeatable)")
     parser.add_argument("--baseline", action="store_true",

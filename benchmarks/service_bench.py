@@ -500,14 +500,14 @@ def _median_rate(rates: list[Rate]) -> Rate:
 
 def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
                     events: int, seed: int, rocksdb: bool,
-                    at_least_once: bool, repeat: int) -> dict[str, Any]:
+                    at_least_once: bool, repeat: int, partitions: int = 4) -> dict[str, Any]:
     print("\n== 1. end-to-end throughput, one worker vs a bare aiokafka passthrough ==")
     runs_per_key = 6
     keys = max(1, round(events / (19.5 * runs_per_key)))
     runs, records = interleaved_runs(seed, keys, runs_per_key)
     total = len(records)
     input_bytes = sum(len(k) + len(v) for k, v in records)
-    ns = Namespace(bootstrap)
+    ns = Namespace(bootstrap, partitions=partitions)
     prefixes.append(ns.prefix)
     ns.create_topics()
     clock = time.perf_counter()
@@ -577,9 +577,9 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
 
 
 def bench_worker(bootstrap: str, log_dir: Path, workers: list[Worker], prefixes: list[str],
-                 name: str, **env: str) -> tuple[Namespace, Worker]:
+                 name: str, partitions: int = 4, **env: str) -> tuple[Namespace, Worker]:
     """A part's own topics and a started worker on them (stopped at the end of main)."""
-    ns = Namespace(bootstrap)
+    ns = Namespace(bootstrap, partitions=partitions)
     prefixes.append(ns.prefix)
     ns.create_topics()
     worker = Worker(ns, log_dir, name=name, AGUI_PROCESSING_GUARANTEE="exactly_once", **env)
@@ -936,6 +936,8 @@ def main() -> int:
     parser.add_argument("--concurrent", type=int, default=200)
     parser.add_argument("--rate", type=float, default=3_000.0,
                         help="records/s produced in part 4 (below the worker's capacity)")
+    parser.add_argument("--partitions", type=int, default=4,
+                        help="partitions of part 1's topics (a partition sweep)")
     parser.add_argument("--only", choices=["throughput", "changelog", "memory", "concurrent"])
     args = parser.parse_args()
 
@@ -948,7 +950,8 @@ def main() -> int:
         try:
             if args.only in (None, "throughput"):
                 part_throughput(bootstrap, log_dir, workers, prefixes, args.events, args.seed,
-                                not args.no_rocksdb, not args.no_at_least_once, args.repeat)
+                                not args.no_rocksdb, not args.no_at_least_once, args.repeat,
+                                args.partitions)
             if args.only in (None, "changelog"):
                 part_changelog(bootstrap, log_dir, workers, prefixes, args.deltas, args.seed)
             if args.only in (None, "concurrent"):
