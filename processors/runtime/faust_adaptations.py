@@ -348,6 +348,8 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         super().__init__(*args, **kwargs)
         self._unsought: set[TP] = set()  # stream partitions not sought since their assignment
         self._held: set[TP] = set()  # of those, the ones Faust asked to resume
+        self.fetches_begun = 0  # Faust's fetches so far (each hands out its batch)
+        self._handed_out: dict[TP, int] = {}  # the last offset fetched, per partition
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return CommittedEndsConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -355,6 +357,7 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
     async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
         self._unsought = {tp for tp in assigned if not self._is_changelog_tp(tp)}
         self._held = set()
+        self._handed_out.clear()  # every partition is sought again
         await super().on_partitions_assigned(assigned, generation_id)
 
     def resume_partitions(self, tps: Any) -> None:
@@ -403,12 +406,25 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         """Faust sleeps a whole second when every partition waits for its stream's
         queue to drain (no fetch to make), and the queue runs dry meanwhile; here it
         looks again after `_RESUME_POLL_SECONDS`.
-        Proof: service_bench.py (the adapted floor)."""
+        Proof: service_bench.py (the adapted floor).
+        It also counts the fetches and keeps each partition's last offset fetched: a
+        fetch begins only once the last one's records were all handed to the streams
+        (`processors.runtime.view_catch_up` reads both)."""
+        self.fetches_begun += 1
         if (self.flow_active and self._buffered_partitions
                 and not self._get_active_partitions()):
             await self.sleep(_RESUME_POLL_SECONDS)
             return {}, set()
-        return await super()._wait_next_records(timeout)
+        records, active = await super()._wait_next_records(timeout)
+        for tp, batch in (records or {}).items():
+            if batch:
+                self._handed_out[tp] = batch[-1].offset
+        return records, active
+
+    def last_handed_out(self, tp: TP) -> int | None:
+        """The last offset of `tp` fetched since the assignment (handed to its stream
+        once the next fetch has begun); None: none."""
+        return self._handed_out.get(tp)
 
     @Service.task
     async def _commit_handler(self) -> None:

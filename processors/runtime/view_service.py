@@ -36,7 +36,8 @@ from yarl import URL
 from processors.config import Settings
 from processors.metrics import Metrics
 from processors.processing.outputs import incoming_record
-from processors.runtime.faust_adaptations import AdaptedApp, apply_each
+from processors.runtime.faust_adaptations import AdaptedApp, WholeRecordConsumer, apply_each
+from processors.runtime.view_catch_up import ViewCatchUp
 from processors.runtime.web_server import HardenedWeb
 from processors.safe_logging import log_exception_kind
 from processors.view.openapi import openapi_document
@@ -86,17 +87,27 @@ def serve_thread_view(app: AdaptedApp, settings: Settings, metrics: Metrics,
     """Add the history agent and the API's routes to `app`; the API they serve.
     `tenant_topics`: the tenants' history topics to read (per-tenant topics)."""
     owned: set[HistoryPartition] = set()  # the history partitions of the assignment
+    catch_up = ViewCatchUp(lambda: cast(WholeRecordConsumer, app.consumer), view.read_offset,
+                           lambda: bool(app.tables.actives_ready))
+
+    async def partitions_revoked(sender: Any, revoked: Any, **kwargs: Any) -> None:
+        owned.clear()
+        catch_up.revoked()
 
     async def partitions_assigned(sender: Any, assigned: Any, **kwargs: Any) -> None:
+        history = [tp for tp in assigned if is_history(settings, tp.topic)]
         owned.clear()
-        owned.update((tp.topic, tp.partition) for tp in assigned
-                     if is_history(settings, tp.topic))
+        owned.update((tp.topic, tp.partition) for tp in history)
+        catch_up.assigned(history)
 
+    app.on_partitions_revoked.connect(partitions_revoked)  # type: ignore[arg-type]
     app.on_partitions_assigned.connect(partitions_assigned)  # type: ignore[arg-type]
 
     def ready(partition: HistoryPartition) -> bool:
-        """This worker owns the partition and its view is recovered."""
-        return partition in owned and bool(app.tables.actives_ready)
+        """This worker owns the partition, its view is recovered and has applied what
+        the partition held at the assignment (`processors.runtime.view_catch_up`)."""
+        return (partition in owned and bool(app.tables.actives_ready)
+                and catch_up.caught_up(partition))
 
     async def erase(tenant: str, thread_id: str, partition: HistoryPartition) -> int:
         """The erasure record, sent outside any transaction (like the idle ticks) to

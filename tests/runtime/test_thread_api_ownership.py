@@ -140,6 +140,47 @@ def test_reads_during_a_join_and_a_leave_are_never_older_nor_missing(
     first.stop()
 
 
+def test_after_a_crash_the_view_answers_nothing_older_than_what_was_served(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The view's own changes are committed with the commit after the one that made
+    the history they come from readable. A worker killed in between served threads
+    its committed view does not hold; restarted, its view reads that history again,
+    and answers (503 meanwhile) only once it has: never a 404, never fewer messages."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(token_line("acme", TOKEN) + "\n")
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    # A run's end commits at once; the next commit is 2.5 s (a quarter interval) away.
+    worker = Worker(namespace, tmp_path, AGUI_TOKENS_FILE=str(tokens),
+                    AGUI_COMMIT_INTERVAL_MS="10000", AGUI_SESSION_TIMEOUT_SECONDS="6").start()
+    rng = random.Random(15)
+    _send(namespace, *(generate_run(rng, thread, 1) for thread in THREADS))
+    served = {}
+    for thread in THREADS:
+        wait_for(lambda thread=thread: _get(worker, f"/v1/threads/{thread}?run={thread}-run1")[0]
+                 == 200, 120, f"{thread} in the view", worker.log_tail)
+        served[thread] = [m["id"] for m in _get(worker, f"/v1/threads/{thread}/messages")[1][
+            "messages"]]
+    worker.kill()
+    worker.start()
+    with Reads([worker]) as reads:
+        reads.served = dict(served)
+        answered: dict[str, int] = {}
+
+        def every_thread_answered_again() -> bool:
+            for thread in THREADS:
+                status, _ = _get(worker, f"/v1/threads/{thread}/messages")
+                answered[thread] = status
+            return all(status == 200 for status in answered.values())
+
+        wait_for(every_thread_answered_again, 120, "every thread answered after the restart",
+                 worker.log_tail)
+    assert not reads.problems, "\n".join([
+        f"{len(reads.problems)} problems, the first:", *reads.problems[:12], worker.log_tail(60)])
+    assert reads.answers.get(503, 0) > 0  # it was asked while it recovered
+    worker.stop()
+
+
 def test_a_client_cannot_make_a_worker_answer_for_a_partition_it_does_not_own(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     namespace, first, tokens = _workers(kafka_bootstrap, tmp_path)
