@@ -55,6 +55,9 @@ _START_RETRY_SECONDS: Final = (0.5, 5.0)  # the producer's first and longest ret
 # added 1.1-1.4 ms instead of 3.2, and 28,000-36,000 events/s per core instead of
 # 20,000); 20 ms more publish lag is nothing next to a commit interval.
 _LINGER_MS: Final = 20
+# Records waiting this long for Kafka with none acknowledged meanwhile: Kafka is not
+# taking them (a broker that stopped leaves the producer retrying, never failing).
+_STALLED_SECONDS: Final = 5.0
 
 
 def _end_to_end(headers: CIMultiDictProxy[str], keep_length: bool) -> CIMultiDict[str]:
@@ -82,7 +85,10 @@ class Publisher:
         self._ready = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self.publishing = False
+        self._in_flight = 0  # records handed to the producer, not acknowledged or refused
+        self._progress_at = time.monotonic()  # the last acknowledgement (or first hand-over)
 
     def take(self, step: Step, tenant: bytes, read_at: float) -> None:
         """Queue a step's records and count what it decided."""
@@ -104,7 +110,9 @@ class Publisher:
         metrics.buffered_bytes.set(self.budget.used)
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        self._watch = loop.create_task(self._watch_progress())
 
     async def stop(self, timeout: float) -> None:
         """Give Kafka up to `timeout` for what is queued, then stop."""
@@ -112,10 +120,11 @@ class Publisher:
             async with asyncio.timeout(timeout):
                 while self._queue or self.budget.used:
                     await asyncio.sleep(0.05)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._producer is not None:
             with contextlib.suppress(Exception):
                 await self._producer.stop()
@@ -132,6 +141,9 @@ class Publisher:
             sent += 1
             if sent % _SENDS_PER_YIELD == 0:  # a send that need not wait never yields
                 await asyncio.sleep(0)
+            if not self._in_flight:
+                self._progress_at = time.monotonic()
+            self._in_flight += 1
             try:
                 delivery = await producer.send(topic, value=record.value, key=record.run.key,
                                                headers=[(self.header, tenant)])
@@ -166,6 +178,8 @@ class Publisher:
     def _delivered(self, record: Record, tenant: bytes, read_at: float,
                    error: BaseException | None) -> None:
         self.budget.give_back(record.size)
+        self._in_flight -= 1
+        self._progress_at = time.monotonic()
         if error is None:
             self.metrics.publish_lag.observe(time.perf_counter() - read_at)
             self._set_publishing(True)
@@ -176,6 +190,14 @@ class Publisher:
             record.run.drop(DropReason.PUBLISH_FAILED, step)
             self.take(step, tenant, read_at)
         self.metrics.buffered_bytes.set(self.budget.used)
+
+    async def _watch_progress(self) -> None:
+        """Say "not publishing" once records have waited `_STALLED_SECONDS` with none
+        acknowledged: a broker that stopped makes the producer retry, not fail."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self._in_flight and time.monotonic() - self._progress_at > _STALLED_SECONDS:
+                self._set_publishing(False)
 
     def _set_publishing(self, publishing: bool) -> None:
         if publishing != self.publishing:

@@ -7,7 +7,9 @@ request's messages); the worker's history and thread view hold the run, the
 user's message included; and a second turn built from the view is accepted by
 the same agent. A client leaving mid-run and an agent killed mid-run reach the
 history at once, as RUN_ERRORs naming what happened. With Kafka unreachable the
-clients get the same bytes and the dropped publications are counted.
+clients get the same bytes and the dropped publications are counted; with the
+broker stopped in the middle of a run, the client gets the rest at once, and the
+run is published whole once the broker is back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import http.client
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,7 @@ from aiohttp import web
 from processors.tap.runs import CODE_CLIENT_GONE, CODE_TRUNCATED
 from processors.tap.sse import Event, SseFramer
 from processors.view.client import fetch_thread_messages
+from tests.conftest import load_kafka_local
 from tests.service_harness import (
     _DIE_WITH_PARENT,
     AGUI_STREAM,
@@ -224,6 +228,14 @@ ODD_STREAM = (b": hello\r\n\r\ndata: {\"type\":\"RUN_STARTED\",\"threadId\":\"t\
               b"\r\rdata: {\"type\":\"CUSTOM\",\r\ndata: \"name\":\"n\",\"value\":1}\n\n"
               b"data: not json\n\ndata: " + b"x" * 300_000 + b"\n\n"
               b"data: {\"type\":\"RUN_FINISHED\",\"threadId\":\"t\",\"runId\":\"r\"}\n\n")
+GATED_FIRST = b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in [
+    {"type": "RUN_STARTED", "threadId": "t-gated", "runId": "r-gated"},
+    {"type": "TEXT_MESSAGE_START", "messageId": "m", "role": "assistant"},
+    *({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"a{n} "} for n in range(5))])
+GATED_REST = b"".join(b"data: " + orjson.dumps(event) + b"\n\n" for event in [
+    *({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": f"b{n} "} for n in range(5)),
+    {"type": "TEXT_MESSAGE_END", "messageId": "m"},
+    {"type": "RUN_FINISHED", "threadId": "t-gated", "runId": "r-gated"}])
 BIG_RUN = b"".join(b"data: {\"type\":\"CUSTOM\",\"name\":\"n\",\"value\":\"" + b"v" * 1000
                    + b"\"}\n\n" for _ in range(200))
 
@@ -233,6 +245,7 @@ class OddUpstream:
 
     def __init__(self) -> None:
         self.port = free_port()
+        self.gate = threading.Event()  # `/gated` sends its second half once it is set
         self._ready = threading.Event()
         threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True).start()
         assert self._ready.wait(10)
@@ -245,6 +258,11 @@ class OddUpstream:
                 return web.json_response({"not": "a stream"})
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
+            if request.path == "/gated":
+                await response.write(GATED_FIRST)
+                await asyncio.to_thread(self.gate.wait, 120)
+                await response.write(GATED_REST)
+                return response
             body = BIG_RUN if request.path == "/big" else ODD_STREAM
             for start in range(0, len(body), 7_001):
                 await response.write(body[start:start + 7_001])
@@ -277,3 +295,56 @@ def test_with_kafka_unreachable_clients_get_the_same_bytes_and_drops_are_counted
     assert metric(health, "agui_tap_publishing") == 0
     with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=5) as ready:
         assert orjson.loads(ready.read())["publishing"] is False
+
+
+def test_kafka_stopped_mid_run_the_client_is_unaffected_and_the_run_published_once_back(
+        tmp_path: Path, processes: list[Process]) -> None:
+    """A broker of the test's own, stopped while a run streams through the tap and
+    started again later: the client gets the rest of the run at once; a run larger
+    than the buffer, sent meanwhile, is forwarded whole and its publication dropped;
+    the tap says Kafka is not taking records; once the broker is back, the first
+    run is on the raw topic whole, in order, once, and the dropped one ends with
+    its RUN_ERROR."""
+    kafka_local = load_kafka_local()
+    state = tmp_path / "broker"
+    bootstrap = kafka_local.start(state).bootstrap
+    upstream = OddUpstream()
+    try:
+        namespace = Namespace(bootstrap)
+        namespace.create_topics()
+        tap, health = start_tap(processes, tmp_path, namespace.env(), upstream.port,
+                                AGUI_TAP_BUFFER_BYTES="65536", AGUI_TAP_TOPIC=namespace.events)
+        raw = TopicReader(bootstrap, namespace.events)
+        replies: list[tuple[int, bytes]] = []
+        client = threading.Thread(target=lambda: replies.append(
+            post(tap, run_input("t-gated", "r-gated", []), "/gated")))
+        client.start()
+        raw.wait_until(lambda rs: any(r.value.get("delta") == "a4 " for r in rs), 60,
+                       "the run's first half on the raw topic")
+        kafka_local.stop(state, keep=True)
+        upstream.gate.set()
+        released = time.monotonic()
+        client.join(60)
+        assert replies == [(200, GATED_FIRST + GATED_REST)]
+        assert time.monotonic() - released < 5.0  # not held by Kafka (it never returns)
+        assert post(tap, run_input("t", "r", []), "/big") == (200, BIG_RUN)
+        assert metric(health, 'agui_tap_dropped_runs_total{reason="buffer_full"}') == 1
+        wait_for(lambda: metric(health, "agui_tap_publishing") == 0, 30,
+                 "the tap to say Kafka is not taking its records")
+
+        kafka_local.start(state)
+        wait_for(lambda: metric(health, "agui_tap_publishing") == 1
+                 and metric(health, "agui_tap_buffered_bytes") == 0, 120,
+                 "the tap to publish what it held")
+        records = raw.wait_until(lambda rs: any(r.value.get("type") == "RUN_FINISHED"
+                                                for r in rs), 60, "the run's end")
+        gated = [r.value for r in records if r.key == b"t-gated/r-gated"]
+        assert [(e["type"], e.get("delta")) for e in gated] == [
+            (e["type"], e.get("delta")) for e in events_of(GATED_FIRST + GATED_REST)]
+        big = [r.value for r in records if r.key == b"t/r"]
+        assert big and big[-1]["type"] == "RUN_ERROR"
+        assert big[-1]["code"] == "tap_publication_dropped"
+        assert all(e["type"] == "CUSTOM" for e in big[:-1]) and len(big) < 200
+    finally:
+        upstream.gate.set()
+        kafka_local.stop(state)
