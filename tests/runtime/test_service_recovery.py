@@ -6,6 +6,10 @@
   complete with the right content;
 * a second worker joins and leaves mid-stream: the results are the same (a
   worker that finds its producer fenced exits and is restarted);
+* a rolling restart of three workers under continuous load (each stopped with
+  SIGTERM and started again in turn, then one killed with -9): the same, with
+  the pause of each step printed (the longest time a history partition made no
+  progress);
 * after either, the thread view holds exactly the history topic, folded
   independently (read through the thread API).
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,18 +44,55 @@ class BackgroundProducer(threading.Thread):
     """Streams the records in batches while the test kills and restarts workers."""
 
     def __init__(self, bootstrap: str, topic: str, records: list[tuple[bytes, bytes]],
-                 batch: int) -> None:
+                 batch: int, seconds: float = 0.0) -> None:
+        """`seconds`: spread the batches over about that long (0: as fast as it can)."""
         super().__init__(daemon=True)
         self.args = (bootstrap, topic)
         self.batches = [records[i:i + batch] for i in range(0, len(records), batch)]
+        self.seconds = seconds
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            for batch in self.batches:
+            started = time.monotonic()
+            for number, batch in enumerate(self.batches):
+                due = started + self.seconds * number / len(self.batches)
+                threading.Event().wait(max(0.0, due - time.monotonic()))
                 produce(*self.args, [(k, v, []) for k, v in batch])
         except BaseException as error:  # surfaced by the test
             self.error = error
+
+
+class HistoryProgress(threading.Thread):
+    """Reads the history topic as it grows and notes when each partition gained
+    closing records: how long a partition stood still is a rebalance's pause."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        super().__init__(daemon=True)
+        self.reader = TopicReader(bootstrap, topic, partitions)
+        self.advances: dict[int, list[float]] = {}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.2):
+            fresh = self.reader.poll()
+            now = time.monotonic()
+            for partition in {r.partition for r in fresh if r.value["kind"] == "run"}:
+                self.advances.setdefault(partition, []).append(now)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join(60)
+
+    def longest_pause(self, since: float, until: float) -> float:
+        """The longest time any partition went without a closing record, over the
+        gaps that overlap [since, until]."""
+        longest = 0.0
+        for times in self.advances.values():
+            for before, after in zip(times, [*times[1:], until], strict=True):
+                if after > since and before < until:
+                    longest = max(longest, min(after, until) - max(before, since))
+        return longest
 
 
 def assert_exactly_once(runs: list[GeneratedRun], history: list[Consumed]) -> None:
@@ -178,4 +220,53 @@ def test_second_worker_joining_and_leaving_changes_nothing(
                       f"first worker:\n{first.stuck_report()}")
     assert_view_matches_history(first, reader.records)
     first.stop()
+    assert_exactly_once(runs, reader.records)
+
+
+def test_a_rolling_restart_of_three_workers_under_load_changes_nothing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """As a StatefulSet rolls: each worker in turn stopped with SIGTERM and started
+    again under the same static member id, then one killed with -9 and restarted,
+    while runs stream in all along."""
+    runs, records = interleaved_runs(seed=13, keys=300, runs_per_key=6)  # 1,800 runs
+    # (Faust's assignor gives three workers 2, 2 and 0 of 4 partitions.)
+    namespace = Namespace(kafka_bootstrap, partitions=6)
+    namespace.create_topics()
+    producer = BackgroundProducer(kafka_bootstrap, namespace.events, records, batch=350,
+                                  seconds=90)
+    tokens = view_tokens_file(tmp_path)
+    workers = [Worker(namespace, tmp_path, name=f"w{n}", restarted=True,
+                      AGUI_GROUP_INSTANCE_ID=f"w{n}", AGUI_SESSION_TIMEOUT_SECONDS="10",
+                      AGUI_TOKENS_FILE=tokens) for n in (1, 2, 3)]
+    for worker in workers:
+        worker.start()
+    wait_for(lambda: [w.input_partitions() for w in workers] == [2, 2, 2], 120,
+             "the three workers to share the partitions")
+    progress = HistoryProgress(kafka_bootstrap, namespace.history, namespace.partitions)
+    progress.start()
+    producer.start()
+    wait_for(lambda: closing_count(progress.reader.records) >= len(runs) // 10, 300,
+             "a tenth of the runs")
+    steps: list[tuple[str, float, float]] = []
+    for worker, how in [*((w, "SIGTERM") for w in workers), (workers[1], "kill -9")]:
+        started = time.monotonic()
+        worker.stop() if how == "SIGTERM" else worker.kill()
+        worker.start()
+        wait_for(lambda worker=worker: worker.input_partitions() > 0, 120,
+                 f"{worker.log_path.stem} back with partitions", worker.log_tail)
+        steps.append((f"{how} {worker.log_path.stem}", started, time.monotonic()))
+    producer.join(300)
+    assert producer.error is None, producer.error
+    reader = TopicReader(kafka_bootstrap, namespace.history, namespace.partitions)
+    reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
+                      f"all {len(runs)} closing records",
+                      lambda: missing_runs_report(runs, reader.records, workers[0]))
+    progress.stop()
+    print("rolling restart pauses: " + ", ".join(
+        f"{name} {progress.longest_pause(start, end + 10):.1f} s (back in {end - start:.1f} s)"
+        for name, start, end in steps))
+    assert_view_matches_history(workers[0], reader.records)
+    for worker in workers:
+        worker.stop()
     assert_exactly_once(runs, reader.records)
