@@ -46,22 +46,26 @@ def _sample_names(families: Iterable[Metric]) -> set[str]:
 
 @cache
 def exported_metric_names() -> frozenset[str]:
-    """The sample names a worker exports on /metrics.
+    """The sample names a worker and a tap export on /metrics.
 
-    With AGUI_METRICS_URL set (e.g. http://127.0.0.1:6066/metrics) they come from
-    a live scrape of a running worker. Without it they come from the registry of
-    ``processors.metrics.Metrics()``, the module that defines every metric the
-    service registers.
+    With AGUI_METRICS_URL (a worker's, e.g. http://127.0.0.1:6066/metrics) or
+    AGUI_TAP_METRICS_URL (a tap's) set, that side's names come from a live scrape.
+    Otherwise they come from the registries of ``processors.metrics.Metrics()`` and
+    ``TapMetrics()``, which define every metric the service registers.
     """
-    url = os.environ.get("AGUI_METRICS_URL")
-    if url:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode("utf-8")
-        return frozenset(_sample_names(text_string_to_metric_families(text)))
+    from processors.metrics import Metrics, TapMetrics
 
-    from processors.metrics import Metrics
-
-    return frozenset(_sample_names(Metrics().registry.collect()))
+    names: set[str] = set()
+    for variable, registry in (("AGUI_METRICS_URL", Metrics().registry),
+                               ("AGUI_TAP_METRICS_URL", TapMetrics().registry)):
+        url = os.environ.get(variable)
+        if url:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                text = response.read().decode("utf-8")
+            names |= _sample_names(text_string_to_metric_families(text))
+        else:
+            names |= _sample_names(registry.collect())
+    return frozenset(names)
 
 
 def promql_metric_names(expr: str) -> set[str]:
