@@ -7,9 +7,9 @@ The upstream streams a run of `--events` events (reasoning, then text deltas,
 each stamped with CLOCK_MONOTONIC, system-wide on Linux, in ns) one every
 `--interval-ms`. The client measures the time to the response's first byte and
 each event's latency (arrival minus stamp); then `--streams` concurrent runs
-without pauses measure the tap's CPU per event (its process's utime + stime
-from /proc), as events/s per tap core. Kafka: KAFKA_BOOTSTRAP_SERVERS, else the
-local broker of deploy/kafka_local.py.
+without pauses measure the tap's CPU per event (utime + stime from /proc of
+its process and its publisher process), as events/s per tap core. Kafka:
+KAFKA_BOOTSTRAP_SERVERS, else the local broker of deploy/kafka_local.py.
 """
 
 from __future__ import annotations
@@ -95,8 +95,16 @@ async def one_run(session: aiohttp.ClientSession, url: str, run_id: str, events:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time (user + system) of `pid` and its descendants: the tap and its
+    publisher process."""
+    pids, total = [pid], 0
+    for process in pids:  # (grows as children are found)
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+            for task in Path(f"/proc/{process}/task").iterdir():
+                pids += [int(child) for child in (task / "children").read_text().split()]
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def wait_answering(url: str) -> None:
@@ -130,7 +138,7 @@ async def measure(args: argparse.Namespace, direct: str, tapped: str, health: st
                   tap_pid: int) -> None:
     async with aiohttp.ClientSession() as session:
         await one_run(session, tapped, "warm-up", 50, 0)  # connections, producer metadata
-        rows = []
+        rows: list[tuple[str, float, list[float]]] = []
         for name, url in (("direct", direct), ("tap", tapped)) * args.rounds:
             first, latencies = await one_run(session, url, f"{name}-{len(rows)}", args.events,
                                              args.interval_ms)

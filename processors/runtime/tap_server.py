@@ -5,15 +5,15 @@ The shell around `processors.tap`: aiohttp forwards the request and streams the
 response back chunk by chunk, each chunk written to the client before the core
 sees it, and the next chunk read from the upstream only once the client took
 this one (backpressure as the upstream would see it). The core's records go to
-a queue that one `Publisher` task hands to an idempotent producer (acks=all,
-in order); nothing on the client's path awaits Kafka.
+the `Publisher`, which hands them to a publisher process of its own
+(`processors.runtime.tap_publisher`: an idempotent producer, acks=all, in
+order); nothing on the client's path awaits Kafka, and no Kafka work runs on
+the loop that relays the streams.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import logging
 import logging.config
 import signal
@@ -24,17 +24,15 @@ from typing import Final
 import aiohttp
 import uvloop
 from aiohttp import web
-from aiokafka import AIOKafkaProducer
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import ConfigError, TapSettings
 from processors.metrics import TapMetrics
-from processors.runtime.kafka_client import aiokafka_options
+from processors.runtime.tap_publisher import Publisher
 from processors.runtime.web_server import WebLimits, hardened_runner, listen_capped
 from processors.runtime.worker import worker_logging
-from processors.safe_logging import log_exception_kind
-from processors.tap.runs import Budget, Cut, DropReason, Record, ResponseTap, RunRequest, Step
+from processors.tap.runs import Budget, Cut, ResponseTap, RunRequest
 from processors.view.tenant_tokens import TenantTokens
 
 log = logging.getLogger("agui_stream.tap")
@@ -46,18 +44,6 @@ _HOP_BY_HOP: Final = frozenset({
     "transfer-encoding", "upgrade", "host", "content-length"})
 _MAX_TENANT_CHARS: Final = 255
 _HEALTH_CONNECTIONS: Final = 100  # probes and scrapes only
-# Records handed to the producer between two turns of the event loop: a long queue
-# must not hold up the streams (benchmarks/tap_bench.py).
-_SENDS_PER_YIELD: Final = 8
-_START_RETRY_SECONDS: Final = (0.5, 5.0)  # the producer's first and longest retry delay
-# How long the producer gathers records into a batch: its sender's work then lands
-# between the streams' chunks every 20 ms, not every 2 (tap_bench.py: per-event p99
-# added 1.1-1.4 ms instead of 3.2, and 28,000-36,000 events/s per core instead of
-# 20,000); 20 ms more publish lag is nothing next to a commit interval.
-_LINGER_MS: Final = 20
-# Records waiting this long for Kafka with none acknowledged meanwhile: Kafka is not
-# taking them (a broker that stopped leaves the producer retrying, never failing).
-_STALLED_SECONDS: Final = 5.0
 
 
 def _end_to_end(headers: CIMultiDictProxy[str], keep_length: bool) -> CIMultiDict[str]:
@@ -67,145 +53,6 @@ def _end_to_end(headers: CIMultiDictProxy[str], keep_length: bool) -> CIMultiDic
     dropped = (_HOP_BY_HOP - ({"content-length"} if keep_length else set())) | named
     return CIMultiDict((name, value) for name, value in headers.items()
                        if name.lower() not in dropped)
-
-
-class Publisher:
-    """Hands the core's records to Kafka in order, without ever blocking a caller.
-
-    Records wait in a queue (bounded by the shared `Budget`: the core refuses a
-    run's record when it has no room) until the producer takes them; the
-    producer is (re)started in the background while Kafka is unreachable."""
-
-    def __init__(self, settings: TapSettings, budget: Budget, metrics: TapMetrics) -> None:
-        self.settings = settings
-        self.budget = budget
-        self.metrics = metrics
-        self.header = settings.base.tenant_header
-        self._queue: collections.deque[tuple[Record, bytes, float]] = collections.deque()
-        self._ready = asyncio.Event()
-        self._producer: AIOKafkaProducer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None
-        self.publishing = False
-        self._in_flight = 0  # records handed to the producer, not acknowledged or refused
-        self._progress_at = time.monotonic()  # the last acknowledgement (or first hand-over)
-
-    def take(self, step: Step, tenant: bytes, read_at: float) -> None:
-        """Queue a step's records and count what it decided."""
-        metrics = self.metrics
-        for record in step.records:
-            self._queue.append((record, tenant, read_at))
-            metrics.event_bytes.inc(record.size)
-        if step.records:
-            metrics.events.labels("published").inc(len(step.records))
-            self._ready.set()
-        if step.dropped_events:
-            metrics.events.labels("dropped").inc(step.dropped_events)
-        if step.unattributed_events:
-            metrics.events.labels("unattributed").inc(step.unattributed_events)
-        for fate in step.fates:
-            metrics.runs.labels(fate.value).inc()
-        for reason in step.drops:
-            metrics.dropped_runs.labels(reason.value).inc()
-        metrics.buffered_bytes.set(self.budget.used)
-
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._task = loop.create_task(self._run())
-        self._watch = loop.create_task(self._watch_progress())
-
-    async def stop(self, timeout: float) -> None:
-        """Give Kafka up to `timeout` for what is queued, then stop."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                while self._queue or self.budget.used:
-                    await asyncio.sleep(0.05)
-        for task in (self._task, self._watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if self._producer is not None:
-            with contextlib.suppress(Exception):
-                await self._producer.stop()
-
-    async def _run(self) -> None:
-        producer = await self._started_producer()
-        topic = self.settings.topic
-        sent = 0
-        while True:
-            while not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-            record, tenant, read_at = self._queue.popleft()
-            sent += 1
-            if sent % _SENDS_PER_YIELD == 0:  # a send that need not wait never yields
-                await asyncio.sleep(0)
-            if not self._in_flight:
-                self._progress_at = time.monotonic()
-            self._in_flight += 1
-            try:
-                delivery = await producer.send(topic, value=record.value, key=record.run.key,
-                                               headers=[(self.header, tenant)])
-            except Exception as error:  # refused before sending: a failed delivery
-                self._delivered(record, tenant, read_at, error)
-                continue
-            delivery.add_done_callback(
-                lambda done, record=record, tenant=tenant, read_at=read_at: self._delivered(
-                    record, tenant, read_at, done.exception() if not done.cancelled()
-                    else asyncio.CancelledError()))
-
-    async def _started_producer(self) -> AIOKafkaProducer:
-        delay = _START_RETRY_SECONDS[0]
-        while True:
-            producer = AIOKafkaProducer(
-                **aiokafka_options(self.settings.base), acks="all", enable_idempotence=True,
-                linger_ms=_LINGER_MS, max_request_size=self.settings.max_event_bytes + 65_536)
-            try:
-                await producer.start()
-            except Exception as error:  # Kafka unreachable: keep forwarding, retry
-                log_exception_kind(log, logging.DEBUG, "Kafka unreachable; retrying", error)
-                with contextlib.suppress(Exception):
-                    await producer.stop()
-                self._set_publishing(False)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _START_RETRY_SECONDS[1])
-                continue
-            self._producer = producer
-            self._set_publishing(True)
-            return producer
-
-    def _delivered(self, record: Record, tenant: bytes, read_at: float,
-                   error: BaseException | None) -> None:
-        self.budget.give_back(record.size)
-        self._in_flight -= 1
-        self._progress_at = time.monotonic()
-        if error is None:
-            self.metrics.publish_lag.observe(time.perf_counter() - read_at)
-            self._set_publishing(True)
-        else:
-            self.metrics.publish_errors.inc()
-            self._set_publishing(False)
-            step = Step()
-            record.run.drop(DropReason.PUBLISH_FAILED, step)
-            self.take(step, tenant, read_at)
-        self.metrics.buffered_bytes.set(self.budget.used)
-
-    async def _watch_progress(self) -> None:
-        """Say "not publishing" once records have waited `_STALLED_SECONDS` with none
-        acknowledged: a broker that stopped makes the producer retry, not fail."""
-        while True:
-            await asyncio.sleep(1.0)
-            if self._in_flight and time.monotonic() - self._progress_at > _STALLED_SECONDS:
-                self._set_publishing(False)
-
-    def _set_publishing(self, publishing: bool) -> None:
-        if publishing != self.publishing:
-            self.publishing = publishing
-            self.metrics.publishing.set(int(publishing))
-            if not publishing:
-                log.warning("Kafka is not taking the tap's records; runs are forwarded and"
-                            " their publication dropped once the buffer is full")
 
 
 class TapProxy:

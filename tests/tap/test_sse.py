@@ -6,16 +6,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from processors.tap.sse import Event, Frame, Oversized, SseFramer
+from tests.tap.chunking import split
 
 
 def frames_of(chunks: list[bytes], bound: int = 1_000) -> list[Frame]:
     framer = SseFramer(bound)
     return [frame for chunk in chunks for frame in framer.feed(chunk)]
-
-
-def split(stream: bytes, cuts: list[int]) -> list[bytes]:
-    points = sorted({c % (len(stream) + 1) for c in cuts})
-    return [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
 
 
 def test_the_grammar_agui_reads() -> None:
