@@ -187,6 +187,7 @@ class Publisher:
                     if kind == OUTCOMES:
                         for seq, ok in decode_outcomes(payload):
                             self._answered(seq, ok)
+                        self.metrics.buffered_bytes.set(self.budget.used)
                     elif kind == PRODUCER:
                         self._set_publishing(payload == b"\x01")
         except Exception as error:  # a broken child: stopped and started again
@@ -198,6 +199,7 @@ class Publisher:
         """The child died: what it was given and did not answer is refused."""
         for seq in [seq for seq in self._waiting if seq <= self._written_through]:
             self._answered(seq, False)
+        self.metrics.buffered_bytes.set(self.budget.used)
 
     def _answered(self, seq: int, ok: bool) -> None:
         entry = self._waiting.pop(seq, None)
@@ -215,7 +217,6 @@ class Publisher:
             step = Step()
             record.run.drop(DropReason.PUBLISH_FAILED, step)
             self.take(step, tenant, read_at)
-        self.metrics.buffered_bytes.set(self.budget.used)
 
     async def _watch(self) -> None:
         """Say "not publishing" once records have waited `_STALLED_SECONDS` with none
