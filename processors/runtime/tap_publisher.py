@@ -7,6 +7,9 @@ to an event's latency at p99 (docs/tap.md, *Overhead*). So the producer runs in
 a child process, `python -m processors.runtime.tap_publisher`: the tap writes
 each loop turn's records to its stdin and reads their outcomes from its stdout
 (`processors.tap.pipe_frames`), which is all the Kafka work left on its loop.
+A tap that crashes or is killed takes only its last loop turn's records with it:
+the child publishes what it was given, then a RUN_ERROR (`tap_interrupted`) for
+each run it saw no end of, and exits.
 
 `Publisher` is the tap's side: it keeps every record until its outcome comes
 back (the shared `Budget` bounds them), counts what happened, and restarts the
@@ -47,7 +50,7 @@ from processors.tap.pipe_frames import (
     producer_frame,
     records_frame,
 )
-from processors.tap.runs import Budget, DropReason, Record, Step
+from processors.tap.runs import Budget, DropReason, OpenRuns, Record, Step
 
 log = logging.getLogger("agui_stream.tap")
 
@@ -258,6 +261,7 @@ async def _publish_from_stdin(settings: TapSettings, frames_out: int) -> None:
     producer = await _started_producer(settings, transport)
     topic, header = settings.topic, settings.base.tenant_header
     frames = FrameReader()
+    open_runs = OpenRuns()
     sent = 0
     while chunk := await reader.read(_READ_BYTES):
         for kind, payload in frames.feed(chunk):
@@ -267,6 +271,7 @@ async def _publish_from_stdin(settings: TapSettings, frames_out: int) -> None:
                 sent += 1
                 if sent % _SENDS_PER_YIELD == 0:  # a send that need not wait never yields
                     await asyncio.sleep(0)
+                open_runs.handed(record.key, record.tenant, record.value)
                 try:
                     delivery = await producer.send(topic, value=record.value, key=record.key,
                                                    headers=[(header, record.tenant)])
@@ -277,7 +282,15 @@ async def _publish_from_stdin(settings: TapSettings, frames_out: int) -> None:
                 delivery.add_done_callback(
                     lambda done, seq=record.seq: answer(
                         seq, not done.cancelled() and done.exception() is None))
-    # The tap closed our stdin: it is stopping, and has waited for what it could.
+    # Our stdin closed: the tap stopped, cleanly (every run it relayed is ended then)
+    # or not (the runs it was relaying are cut here, as it would have cut them).
+    interrupted = open_runs.interrupted()
+    if interrupted:
+        log.warning("the tap stopped with %d run(s) open; each gets a RUN_ERROR",
+                    len(interrupted))
+    for key, tenant, value in interrupted:
+        with contextlib.suppress(Exception):
+            await producer.send(topic, value=value, key=key, headers=[(header, tenant)])
     with contextlib.suppress(Exception):
         async with asyncio.timeout(_CHILD_STOP_SECONDS):
             await producer.stop()

@@ -65,6 +65,9 @@ TERMINAL_TYPES: Final = frozenset({"RUN_FINISHED", "RUN_ERROR"})
 CODE_DROPPED: Final = "tap_publication_dropped"
 CODE_TRUNCATED: Final = "tap_upstream_truncated"
 CODE_CLIENT_GONE: Final = "tap_client_disconnected"
+CODE_INTERRUPTED: Final = "tap_interrupted"
+_INTERRUPTED_MESSAGE: Final = ("the tap stopped before this run's terminal event (it crashed or"
+                               " was killed); what it had handed to Kafka was published")
 
 # The tap's RUN_ERRORs name no id and quote nothing of the run.
 _DROP_MESSAGES: Final = {
@@ -317,3 +320,29 @@ def _decoded(value: bytes) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {}
     return event if isinstance(event, dict) else {}
+
+
+class OpenRuns:
+    """The runs whose records went to Kafka without their terminal event yet, as the
+    publisher process sees them: if the tap stops abruptly, each gets a RUN_ERROR
+    (`tap_interrupted`), so that no half run waits for the workers' idle timeout."""
+
+    def __init__(self) -> None:
+        self._open: dict[bytes, bytes] = {}  # run key -> tenant
+
+    def handed(self, key: bytes, tenant: bytes, value: bytes) -> None:
+        try:
+            kind = orjson.loads(value).get("type")
+        except (orjson.JSONDecodeError, AttributeError):
+            kind = None
+        if kind in TERMINAL_TYPES:
+            self._open.pop(key, None)
+        else:
+            self._open[key] = tenant
+
+    def interrupted(self) -> list[tuple[bytes, bytes, bytes]]:
+        """(key, tenant, RUN_ERROR) for each run still open; none is open after."""
+        errors = [(key, tenant, run_error(CODE_INTERRUPTED, _INTERRUPTED_MESSAGE))
+                  for key, tenant in self._open.items()]
+        self._open.clear()
+        return errors

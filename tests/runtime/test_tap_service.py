@@ -28,7 +28,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from processors.tap.runs import CODE_CLIENT_GONE, CODE_TRUNCATED
+from processors.tap.runs import CODE_CLIENT_GONE, CODE_INTERRUPTED, CODE_TRUNCATED
 from processors.tap.sse import Event, SseFramer
 from processors.view.client import fetch_thread_messages
 from tests.conftest import load_kafka_local
@@ -348,3 +348,37 @@ def test_kafka_stopped_mid_run_the_client_is_unaffected_and_the_run_published_on
     finally:
         upstream.gate.set()
         kafka_local.stop(state)
+
+
+def test_a_tap_killed_mid_run_publishes_what_it_relayed_and_says_the_run_was_cut(
+        kafka_bootstrap: str, tmp_path: Path, processes: list[Process]) -> None:
+    """kill -9 of the tap while a run streams: its publisher process publishes what
+    it was given, then a RUN_ERROR `tap_interrupted` for the run; the worker ends
+    the run as an error at once, not after the idle timeout."""
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    upstream = OddUpstream()
+    try:
+        tap, _ = start_tap(processes, tmp_path, namespace.env(), upstream.port,
+                           AGUI_TAP_TOPIC=namespace.events)
+        connection = http.client.HTTPConnection("127.0.0.1", tap, timeout=60)
+        connection.request("POST", "/gated", run_input("t-gated", "r-gated", []),
+                           {"Content-Type": "application/json", TENANT_HEADER: "default"})
+        response = connection.getresponse()  # and stays connected
+        raw = TopicReader(kafka_bootstrap, namespace.events)
+        raw.wait_until(lambda rs: any(r.value.get("delta") == "a4 " for r in rs), 60,
+                       "the run's first half on the raw topic")
+        processes[-1].kill()  # the tap: SIGKILL, nothing of it runs after
+        records = raw.wait_until(lambda rs: any(r.value.get("type") == "RUN_ERROR"
+                                                for r in rs), 60, "the run's RUN_ERROR")
+        run = [r.value for r in records if r.key == b"t-gated/r-gated"]
+        assert [e["type"] for e in run] == [e["type"] for e in events_of(GATED_FIRST)] + [
+            "RUN_ERROR"]
+        assert run[-1]["code"] == CODE_INTERRUPTED
+        response.close()
+        worker = Worker(namespace, tmp_path).start()
+        history = TopicReader(kafka_bootstrap, namespace.history)
+        assert closing_record(history, "r-gated", worker.log_path)["outcome"] == "error"
+        worker.stop()
+    finally:
+        upstream.gate.set()

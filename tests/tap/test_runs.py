@@ -12,12 +12,14 @@ from processors.engine.engine import KeyEngine
 from processors.tap.runs import (
     CODE_CLIENT_GONE,
     CODE_DROPPED,
+    CODE_INTERRUPTED,
     CODE_TRUNCATED,
     Budget,
     Cut,
     DropReason,
     EchoMode,
     Fate,
+    OpenRuns,
     ResponseTap,
     RunRequest,
     Step,
@@ -153,3 +155,21 @@ def test_no_stream_or_request_makes_it_raise(chunks: list[bytes], cut: Cut, body
     for chunk in chunks:
         response.feed(chunk)
     response.end(cut)
+
+
+def test_runs_left_open_when_the_tap_stops_get_a_run_error_each() -> None:
+    runs = OpenRuns()
+    runs.handed(b"t/done", b"acme", b'{"type":"RUN_STARTED"}')
+    runs.handed(b"t/done", b"acme", b'{"type":"RUN_FINISHED"}')
+    runs.handed(b"t/failed", b"acme", b'{"type":"RUN_STARTED"}')
+    runs.handed(b"t/failed", b"acme", b'{"type":"RUN_ERROR","message":"m"}')
+    runs.handed(b"t/open", b"globex", b'{"type":"TEXT_MESSAGE_CONTENT"}')
+    runs.handed(b"t/odd", b"acme", b"not json")
+    runs.handed(b"t/list", b"acme", b"[1]")
+    interrupted = runs.interrupted()
+    assert [(key, tenant) for key, tenant, _ in interrupted] == [
+        (b"t/open", b"globex"), (b"t/odd", b"acme"), (b"t/list", b"acme")]
+    assert all(orjson.loads(value) == {"type": "RUN_ERROR", "code": CODE_INTERRUPTED,
+                                       "message": orjson.loads(value)["message"]}
+               for _, _, value in interrupted)
+    assert runs.interrupted() == []
