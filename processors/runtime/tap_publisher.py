@@ -258,12 +258,25 @@ async def _publish_from_stdin(settings: TapSettings, frames_out: int) -> None:
             loop.call_soon(send_answers)
         answers.append((seq, ok))
 
-    producer = await _started_producer(settings, transport)
+    chunks: asyncio.Queue[bytes] = asyncio.Queue()  # (bounded by the tap's budget)
+
+    async def read_stdin() -> None:
+        while chunk := await reader.read(_READ_BYTES):
+            chunks.put_nowait(chunk)
+        chunks.put_nowait(b"")  # the tap closed our stdin, or died
+
+    reading = loop.create_task(read_stdin())
+    starting = loop.create_task(_started_producer(settings, transport))
+    await asyncio.wait({reading, starting}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # the tap stopped while Kafka was unreachable: nothing to do
+        starting.cancel()
+        return
+    producer = starting.result()
     topic, header = settings.topic, settings.base.tenant_header
     frames = FrameReader()
     open_runs = OpenRuns()
     sent = 0
-    while chunk := await reader.read(_READ_BYTES):
+    while chunk := await chunks.get():
         for kind, payload in frames.feed(chunk):
             if kind != RECORDS:
                 continue

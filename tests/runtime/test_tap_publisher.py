@@ -7,6 +7,9 @@ back and are counted; a child that dies has its unanswered records refused
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -87,3 +90,25 @@ def test_records_are_answered_and_a_dying_child_drops_its_runs_and_is_replaced()
         await scene.publisher.stop(5.0)
 
     asyncio.run(scenario())
+
+
+def test_the_real_publisher_process_exits_when_the_tap_goes_while_kafka_is_unreachable(
+        ) -> None:
+    """A tap killed while Kafka is unreachable must not leave its publisher behind,
+    retrying for ever: the child exits as soon as its stdin closes."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    port = closed.getsockname()[1]
+    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}",
+           "AGUI_TAP_UPSTREAM_URL": "http://127.0.0.1:1"}
+    child = subprocess.Popen([sys.executable, "-m", "processors.runtime.tap_publisher"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        header = child.stdout.read(6)  # its first word: the producer could not start
+        assert header[4:6] == b"P\x00"
+        child.stdin.close()
+        assert child.wait(10) == 0
+    finally:
+        child.kill()
+        closed.close()
