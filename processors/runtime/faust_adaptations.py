@@ -421,6 +421,19 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
                 self._handed_out[tp] = batch[-1].offset
         return records, active
 
+    def fetch_position(self, tp: TP) -> int | None:
+        """aiokafka's fetch position of `tp` (the next offset it fetches), read from its
+        consumer's state without a round trip to the consumer thread (as Faust reads
+        the group's generation there); None: not assigned, or not sought yet."""
+        try:
+            subscription = self._thread._ensure_consumer()._subscription
+            if not subscription.is_assigned(tp):
+                return None
+            state = subscription.subscription.assignment.state_value(tp)
+            return int(state.position) if state.has_valid_position else None
+        except Exception:  # the assignment changed meanwhile: not known now
+            return None
+
     def last_handed_out(self, tp: TP) -> int | None:
         """The last offset of `tp` fetched since the assignment (handed to its stream
         once the next fetch has begun); None: none."""

@@ -43,9 +43,9 @@ class DeliveringConsumer(Protocol):
 
     def last_handed_out(self, tp: Any) -> int | None: ...
 
-    async def highwaters(self, *partitions: Any) -> Any: ...
+    def fetch_position(self, tp: Any) -> int | None: ...
 
-    async def position(self, tp: Any) -> int | None: ...
+    async def highwaters(self, *partitions: Any) -> Any: ...
 
 
 class ViewCatchUp:
@@ -99,8 +99,8 @@ class ViewCatchUp:
             caught_up, waiting = self._caught_up, self._waiting  # (this assignment's)
             for tp, progress in list(waiting.items()):
                 partition = (tp.topic, tp.partition)
-                with contextlib.suppress(Exception):  # position: not assigned yet
-                    if await self._step(tp, partition, progress):
+                with contextlib.suppress(Exception):  # (a table read failing: next look)
+                    if self._step(tp, partition, progress):
                         caught_up.add(partition)
                         del waiting[tp]
         return not self._waiting
@@ -110,13 +110,13 @@ class ViewCatchUp:
         while not await self.look():
             await asyncio.sleep(_POLL_SECONDS)
 
-    async def _step(self, tp: Any, partition: HistoryPartition, progress: _Progress) -> bool:
+    def _step(self, tp: Any, partition: HistoryPartition, progress: _Progress) -> bool:
         """Move the partition's catch-up on as far as it can go now; True once done."""
         applied = self.applied(partition)
         if applied >= progress.end - 1:
             return True
         if progress.fetched_through is None:
-            position = await self.consumer().position(tp)
+            position = self.consumer().fetch_position(tp)
             if position is None or position < progress.end:
                 return False
             progress.fetched_through = self.consumer().fetches_begun

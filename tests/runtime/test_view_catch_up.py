@@ -33,7 +33,7 @@ class Consumer:
     async def highwaters(self, *partitions: Any) -> dict[Any, int]:
         return {tp: self.ends[tp] for tp in partitions}
 
-    async def position(self, tp: Any) -> int | None:
+    def fetch_position(self, tp: Any) -> int | None:
         self.position_reads += 1
         return self.positions[tp]
 
