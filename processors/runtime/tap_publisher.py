@@ -167,6 +167,7 @@ class Publisher:
                 delay = min(delay * 2, _START_RETRY_SECONDS[1])
                 continue
             self._child = child
+            started = time.monotonic()
             self._written_through = self._seq - len(self._outbox)
             self._flush()
             await self._read_outcomes(child)
@@ -178,6 +179,8 @@ class Publisher:
                       " dropped and it is started again", code)
             self._fail_written()
             self._set_publishing(False)
+            if time.monotonic() - started > _STALLED_SECONDS:  # it had been working
+                delay = _START_RETRY_SECONDS[0]
             await asyncio.sleep(delay)
             delay = min(delay * 2, _START_RETRY_SECONDS[1])
 
