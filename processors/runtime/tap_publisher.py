@@ -1,15 +1,14 @@
 """The tap's Kafka publishing, in a process of its own.
 
-The tap relays each agent's stream chunk by chunk on its event loop; a Kafka
-producer on that loop (aiokafka's `send`, its sender task, the callbacks of its
-acknowledgements) put its work between the streams' chunks: 1.1-1.25 ms added
-to an event's latency at p99 (docs/tap.md, *Overhead*). So the producer runs in
-a child process, `python -m processors.runtime.tap_publisher`: the tap writes
-each loop turn's records to its stdin and reads their outcomes from its stdout
-(`processors.tap.pipe_frames`), which is all the Kafka work left on its loop.
-A tap that crashes or is killed takes only its last loop turn's records with it:
-the child publishes what it was given, then a RUN_ERROR (`tap_interrupted`) for
-each run it saw no end of, and exits.
+The producer runs in a child process, `python -m processors.runtime.tap_publisher`:
+the tap writes each loop turn's records to its stdin and reads their outcomes
+from its stdout (`processors.tap.pipe_frames`). Why: a tap that crashes or is
+killed takes only its last loop turn's records with it; the child publishes
+what it was given, then a RUN_ERROR (`tap_interrupted`) for each run it saw no
+end of, and exits, so no half run waits for the workers' idle timeout. (It was
+built to take the producer's work off the loop that relays the streams; on the
+2-core machine that did not lower the added p99 per event: docs/tap.md,
+*Overhead*.)
 
 `Publisher` is the tap's side: it keeps every record until its outcome comes
 back (the shared `Budget` bounds them), counts what happened, and restarts the

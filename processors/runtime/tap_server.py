@@ -7,8 +7,8 @@ sees it, and the next chunk read from the upstream only once the client took
 this one (backpressure as the upstream would see it). The core's records go to
 the `Publisher`, which hands them to a publisher process of its own
 (`processors.runtime.tap_publisher`: an idempotent producer, acks=all, in
-order); nothing on the client's path awaits Kafka, and no Kafka work runs on
-the loop that relays the streams.
+order, that outlives a crash of the tap); nothing on the client's path awaits
+Kafka.
 """
 
 from __future__ import annotations
