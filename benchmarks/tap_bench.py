@@ -10,6 +10,11 @@ each event's latency (arrival minus stamp); then `--streams` concurrent runs
 without pauses measure the tap's CPU per event (utime + stime from /proc of
 its process and its publisher process), as events/s per tap core. Kafka:
 KAFKA_BOOTSTRAP_SERVERS, else the local broker of deploy/kafka_local.py.
+
+A second tap runs beside the first with a stand-in publisher process that
+acknowledges every record at once, without Kafka ("tap, no Kafka"): the same
+proxy, core, pipe and outcomes, so the difference between the two taps is what
+the Kafka producer and the broker add on this machine.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,9 +32,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
 import orjson
+import uvloop
 from aiohttp import web
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +59,33 @@ def run_events(run_id: str, count: int) -> Iterator[dict[str, object]]:
         yield {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m1", "delta": DELTA}
     yield {"type": "TEXT_MESSAGE_END", "messageId": "m1"}
     yield {"type": "RUN_FINISHED", "threadId": "bench", "runId": run_id}
+
+
+# The stand-in publisher process: every record acknowledged as soon as it is read.
+ACKNOWLEDGING_PUBLISHER = """
+import sys
+from processors.tap.pipe_frames import FrameReader, decode_records, outcomes_frame, producer_frame
+out = sys.stdout.buffer
+out.write(producer_frame(True)); out.flush()
+frames = FrameReader()
+while chunk := sys.stdin.buffer.read1(65536):
+    acknowledged = [(record.seq, True) for _, payload in frames.feed(chunk)
+                    for record in decode_records(payload)]
+    out.write(outcomes_frame(acknowledged)); out.flush()
+"""
+
+
+def serve_tap_without_kafka() -> None:
+    from processors.config import TapSettings
+    from processors.runtime.tap_server import serve
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+        await serve(TapSettings.from_env(), None, stopping,
+                    publisher_command=(sys.executable, "-c", ACKNOWLEDGING_PUBLISHER))
+
+    uvloop.run(main())
 
 
 def serve_upstream(port: int) -> None:
@@ -134,34 +169,42 @@ async def published(session: aiohttp.ClientSession, health: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def measure(args: argparse.Namespace, direct: str, tapped: str, health: str,
-                  tap_pid: int) -> None:
+class Tap(NamedTuple):
+    name: str
+    url: str
+    health: str
+    pid: int
+
+
+async def measure(args: argparse.Namespace, direct: str, taps: list[Tap]) -> None:
     async with aiohttp.ClientSession() as session:
-        await one_run(session, tapped, "warm-up", 50, 0)  # connections, producer metadata
+        for tap in taps:  # connections, producer metadata
+            await one_run(session, tap.url, "warm-up", 50, 0)
         rows: list[tuple[str, float, list[float]]] = []
-        for name, url in (("direct", direct), ("tap", tapped)) * args.rounds:
+        for name, url in [("direct", direct), *((tap.name, tap.url) for tap in taps)] * args.rounds:
             first, latencies = await one_run(session, url, f"{name}-{len(rows)}", args.events,
                                              args.interval_ms)
             rows.append((name, first, latencies))
         print(f"{args.events} events, one every {args.interval_ms} ms, {args.rounds} runs each,"
               " alternating")
-        print(f"{'':8}{'TTFB p50':>10}{'event p50':>11}{'event p99':>11}{'event max':>11}")
-        for name in ("direct", "tap"):
+        print(f"{'':14}{'TTFB p50':>10}{'event p50':>11}{'event p99':>11}{'event max':>11}")
+        for name in ("direct", *(tap.name for tap in taps)):
             firsts = [f for n, f, _ in rows if n == name]
             lat = [x for n, _, ls in rows if n == name for x in ls]
-            print(f"{name:8}{statistics.median(firsts) * 1e3:>8.2f}ms"
+            print(f"{name:14}{statistics.median(firsts) * 1e3:>8.2f}ms"
                   f"{pct(lat, 0.5) * 1e3:>9.3f}ms{pct(lat, 0.99) * 1e3:>9.3f}ms"
                   f"{max(lat) * 1e3:>9.3f}ms")
 
-        await published(session, health)
-        before, started = cpu_seconds(tap_pid), time.monotonic()
-        await asyncio.gather(*(one_run(session, tapped, f"load-{i}", args.events, 0)
-                               for i in range(args.streams)))
-        await published(session, health)  # the tap's CPU includes handing every record over
-        used, wall = cpu_seconds(tap_pid) - before, time.monotonic() - started
-        total = args.streams * args.events
-        print(f"load: {args.streams} streams x {args.events} events unpaced in {wall:.2f}s;"
-              f" tap CPU {used:.2f}s: {total / used:,.0f} events/s per tap core")
+        for tap in taps:
+            await published(session, tap.health)
+            before, started = cpu_seconds(tap.pid), time.monotonic()
+            await asyncio.gather(*(one_run(session, tap.url, f"load-{i}", args.events, 0)
+                                   for i in range(args.streams)))
+            await published(session, tap.health)  # its CPU includes handing every record over
+            used, wall = cpu_seconds(tap.pid) - before, time.monotonic() - started
+            total = args.streams * args.events
+            print(f"load, {tap.name}: {args.streams} streams x {args.events} events unpaced in"
+                  f" {wall:.2f}s; tap CPU {used:.2f}s: {total / used:,.0f} events/s per tap core")
 
 
 def main() -> None:
@@ -171,9 +214,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-tap-without-kafka", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.serve_upstream)
+        return
+    if args.serve_tap_without_kafka:
+        serve_tap_without_kafka()
         return
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -193,15 +240,21 @@ def main() -> None:
                        "tap-bench.events"}, check=True, capture_output=True)
         processes = [subprocess.Popen([sys.executable, __file__, "--serve-upstream",
                                        str(up_port)]),
-                     subprocess.Popen([AGUI_STREAM, "tap"], env=env)]
+                     subprocess.Popen([AGUI_STREAM, "tap"], env=env),
+                     subprocess.Popen([sys.executable, __file__, "--serve-tap-without-kafka"],
+                                      env={**env, "AGUI_TAP_PORT": str(tap_port + 10),
+                                           "AGUI_METRICS_PORT": str(health_port + 10)})]
         for process in processes:
             stack.callback(process.wait)
             stack.callback(process.terminate)
+        taps = [Tap("tap", f"http://127.0.0.1:{tap_port}/agent",
+                    f"http://127.0.0.1:{health_port}", processes[1].pid),
+                Tap("tap, no Kafka", f"http://127.0.0.1:{tap_port + 10}/agent",
+                    f"http://127.0.0.1:{health_port + 10}", processes[2].pid)]
         wait_answering(f"http://127.0.0.1:{up_port}/agent")
-        wait_answering(f"http://127.0.0.1:{health_port}/readyz")
-        asyncio.run(measure(args, f"http://127.0.0.1:{up_port}/agent",
-                            f"http://127.0.0.1:{tap_port}/agent",
-                            f"http://127.0.0.1:{health_port}", processes[1].pid))
+        for tap in taps:
+            wait_answering(f"{tap.health}/readyz")
+        asyncio.run(measure(args, f"http://127.0.0.1:{up_port}/agent", taps))
         with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/metrics") as scrape:
             for line in scrape.read().decode().splitlines():
                 if line.startswith(("agui_tap_publish_lag_seconds_count",

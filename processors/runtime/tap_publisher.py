@@ -53,7 +53,7 @@ from processors.tap.runs import Budget, DropReason, OpenRuns, Record, Step
 
 log = logging.getLogger("agui_stream.tap")
 
-_COMMAND: Final = (sys.executable, "-m", "processors.runtime.tap_publisher")
+PUBLISHER_COMMAND: Final = (sys.executable, "-m", "processors.runtime.tap_publisher")
 _READ_BYTES: Final = 1 << 16
 _START_RETRY_SECONDS: Final = (0.5, 5.0)  # the producer's (and the child's) retry delays
 # Records handed to the producer between two turns of the child's loop, so that
@@ -72,7 +72,7 @@ class Publisher:
     blocking a caller; counts their outcomes."""
 
     def __init__(self, settings: TapSettings, budget: Budget, metrics: TapMetrics,
-                 command: tuple[str, ...] = _COMMAND) -> None:
+                 command: tuple[str, ...] = PUBLISHER_COMMAND) -> None:
         self.settings = settings
         self.budget = budget
         self.metrics = metrics

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from processors.config import ConfigError, TapSettings
 from processors.metrics import TapMetrics
-from processors.runtime.tap_publisher import Publisher
+from processors.runtime.tap_publisher import PUBLISHER_COMMAND, Publisher
 from processors.runtime.web_server import WebLimits, hardened_runner, listen_capped
 from processors.runtime.worker import worker_logging
 from processors.tap.runs import Budget, Cut, ResponseTap, RunRequest
@@ -196,10 +196,12 @@ def health_app(publisher: Publisher, metrics: TapMetrics, stopping: asyncio.Even
 
 
 async def serve(settings: TapSettings, tokens: TenantTokens | None,
-                stopping: asyncio.Event, ports: list[int] | None = None) -> None:
-    """Run the tap until `stopping` is set; `ports` gets (proxy, health) bound ports."""
+                stopping: asyncio.Event, ports: list[int] | None = None,
+                publisher_command: tuple[str, ...] = PUBLISHER_COMMAND) -> None:
+    """Run the tap until `stopping` is set; `ports` gets (proxy, health) bound ports.
+    `publisher_command` starts its publisher process (another one in a benchmark)."""
     metrics = TapMetrics()
-    publisher = Publisher(settings, Budget(settings.buffer_bytes), metrics)
+    publisher = Publisher(settings, Budget(settings.buffer_bytes), metrics, publisher_command)
     proxy = TapProxy(settings, tokens, publisher, metrics)
     app = web.Application(client_max_size=settings.max_request_bytes)
     app.router.add_route("*", "/{path:.*}", proxy.handle)
