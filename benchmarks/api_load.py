@@ -20,6 +20,14 @@ backlog of N (``--events``, 200,000) events of interleaved runs
 
 ``--unit-costs`` instead measures an idle worker's CPU per request of each kind.
 
+``--alternate SECONDS`` instead runs one worker on a backlog of N events and
+switches the load on and off every SECONDS from 30 % of the backlog on: the
+machine's own drift (on this 2-core VM the quiet rate moves by 1.5× from one
+minute to the next) then falls on both sides alike. A window's rate and CPU are
+taken after its first 2 s if loaded, 11 s if quiet (the worker still answers
+the loaded window's waits then); printed per window, then loaded over quiet as
+the median of each loaded window against the mean of its two quiet neighbours.
+
 The worker's rate is its ``agui_events_total`` per second between 30 % and 100 %
 of the backlog (the load is in place by 30 %), from its /metrics every 0.25 s.
 Printed: both rates and their ratio, the worker's CPU per 1,000 events (the load
@@ -33,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -41,11 +50,12 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from service_bench import broker, cpu_seconds, delete_topics, log_problems, metric_value
 
 from processors.view.tenant_tokens import token_line
+from processors.view.thread_api import MAX_WAIT_SECONDS
 from tests.run_generator import generate_run, interleaved_runs
 from tests.service_harness import Namespace, Worker, produce, wait_for
 
@@ -162,6 +172,72 @@ async def drive(worker: Worker, total: int, load: Load | None
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+SETTLE_SECONDS = 2.0  # the start of an alternating window, not measured
+# ... and of a quiet one: the worker answers the last loaded window's waits then.
+QUIET_SETTLE_SECONDS = MAX_WAIT_SECONDS + 1.0
+
+
+class Window(NamedTuple):
+    loaded: bool
+    rate: float  # events/s
+    cpu_per_1000: float  # worker CPU seconds per 1,000 events
+
+
+async def drive_alternating(worker: Worker, total: int, load_args: tuple[int, int],
+                            seconds: float) -> list[Window]:
+    """Until the backlog is processed: windows of `seconds`, quiet and loaded in
+    turn, from START_FRACTION of it; the last, partial one is left out."""
+    assert worker.process is not None
+    pid = worker.process.pid
+
+    async def sample() -> tuple[float, float, float]:
+        events = metric_value(await asyncio.to_thread(worker.metrics), "agui_events_total")
+        return time.perf_counter(), events, cpu_seconds(pid)
+
+    windows: list[Window] = []
+    load: Load | None = None
+    running: asyncio.Task[None] | None = None
+    while (await sample())[1] < total * START_FRACTION:
+        await asyncio.sleep(0.25)
+    try:
+        while True:
+            started = time.perf_counter()
+            if len(windows) % 2:  # quiet first, then loaded, in turn
+                load = Load(worker.port, *load_args)
+                running = asyncio.create_task(load.run())
+            await asyncio.sleep(SETTLE_SECONDS if running else QUIET_SETTLE_SECONDS)
+            first = await sample()
+            while (last := await sample())[0] - started < seconds and last[1] < total:
+                await asyncio.sleep(0.25)
+            if last[1] >= total:
+                return windows
+            done = last[1] - first[1]
+            windows.append(Window(running is not None, done / (last[0] - first[0]),
+                                  (last[2] - first[2]) / done * 1000))
+            print(f"    {'loaded' if running else 'quiet':7} {windows[-1].rate:>9,.0f} events/s,"
+                  f" worker CPU {windows[-1].cpu_per_1000 * 1000:,.0f} ms per 1,000 events")
+            if load is not None and running is not None:
+                load.stop.set()
+                await running
+                load, running = None, None
+    finally:
+        if load is not None and running is not None:
+            load.stop.set()
+            await running
+
+
+def alternating_ratio(windows: list[Window]) -> tuple[float, float, int]:
+    """Loaded over quiet, events/s and CPU per event: the median over the loaded
+    windows of each against the mean of the quiet windows either side of it; and
+    how many loaded windows that is."""
+    rates, cpus = [], []
+    for i in range(1, len(windows) - 1, 2):
+        before, loaded, after = windows[i - 1], windows[i], windows[i + 1]
+        rates.append(loaded.rate / ((before.rate + after.rate) / 2))
+        cpus.append(loaded.cpu_per_1000 / ((before.cpu_per_1000 + after.cpu_per_1000) / 2))
+    return statistics.median(rates), statistics.median(cpus), len(rates)
+
+
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
 
@@ -195,6 +271,32 @@ def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record]
               f" {held[len(held) // 2] if held else float('nan'):.1f} s, max"
               f" {held[-1] if held else float('nan'):.1f} s")
     return rate, cpu
+
+
+def alternate(bootstrap: str, log_dir: Path, tokens: str, records: list[Record],
+              load_args: tuple[int, int], seconds: float, prefixes: list[str]) -> None:
+    """One worker, the load switched on and off (`--alternate`)."""
+    ns = Namespace(bootstrap)
+    prefixes.append(ns.prefix)
+    ns.create_topics()
+    produce(bootstrap, ns.events, records)
+    worker = Worker(ns, log_dir, name="alternate", AGUI_STORE="memory://",
+                    AGUI_TOKENS_FILE=tokens, AGUI_API_MAX_CONNECTIONS="2000")
+    worker.start()
+    try:
+        wait_for(lambda: all(_answers(worker, tenant) for tenant in TENANTS), 120,
+                 "every tenant's thread in the view", worker.log_tail)
+        print(f"  windows of {seconds:.0f} s (the first {SETTLE_SECONDS:.0f} s of a loaded one"
+              f" and {QUIET_SETTLE_SECONDS:.0f} s of a quiet one not measured):")
+        windows = asyncio.run(drive_alternating(worker, len(records), load_args, seconds))
+    finally:
+        worker.stop()
+    if len(windows) < 3:
+        print("  too few windows for a ratio: give more --events or a shorter --alternate")
+        return
+    rate, cpu, count = alternating_ratio(windows)
+    print(f"  loaded / quiet (each loaded window against its quiet neighbours, median of"
+          f" {count}): events/s {rate:.3f}, worker CPU per event {cpu:.3f}")
 
 
 def _answers(worker: Worker, tenant: str) -> bool:
@@ -270,6 +372,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--unit-costs", action="store_true",
                         help="only an idle worker's CPU per request of each kind")
+    parser.add_argument("--alternate", type=float, metavar="SECONDS",
+                        help="one worker, the load switched on and off every SECONDS (> 20)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     setup = [generate_run(rng, f"{tenant}-thread", 1) for tenant in TENANTS]
@@ -298,6 +402,13 @@ def main(argv: Iterable[str] | None = None) -> int:
                 asyncio.run(unit_costs(worker, args.waiters, args.slow))
             finally:
                 worker.stop()
+                delete_topics(bootstrap, prefixes)
+            return 0
+        if args.alternate:
+            try:
+                alternate(bootstrap, log_dir, str(tokens), records, (args.waiters, args.slow),
+                          args.alternate, prefixes)
+            finally:
                 delete_topics(bootstrap, prefixes)
             return 0
         try:
