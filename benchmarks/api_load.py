@@ -183,18 +183,30 @@ class Window(NamedTuple):
     cpu_per_1000: float  # worker CPU seconds per 1,000 events
 
 
+class Alternation(NamedTuple):
+    windows: list[Window]
+    loads: list[Load]  # one per loaded window
+    statuses: Counter[str]  # the normal caller's, all along
+    seconds: list[float]
+
+
 async def drive_alternating(worker: Worker, total: int, load_args: tuple[int, int],
-                            seconds: float) -> list[Window]:
+                            seconds: float) -> Alternation:
     """Until the backlog is processed: windows of `seconds`, quiet and loaded in
-    turn, from START_FRACTION of it; the last, partial one is left out."""
+    turn, from START_FRACTION of it (the last, partial one is left out), with a
+    normal caller all along."""
     assert worker.process is not None
     pid = worker.process.pid
+    result = Alternation([], [], Counter(), [])
+    stop_caller = asyncio.Event()
+    caller = asyncio.create_task(normal_caller(worker.port, stop_caller, result.statuses,
+                                               result.seconds))
 
     async def sample() -> tuple[float, float, float]:
         events = metric_value(await asyncio.to_thread(worker.metrics), "agui_events_total")
         return time.perf_counter(), events, cpu_seconds(pid)
 
-    windows: list[Window] = []
+    windows = result.windows
     load: Load | None = None
     running: asyncio.Task[None] | None = None
     while (await sample())[1] < total * START_FRACTION:
@@ -204,13 +216,14 @@ async def drive_alternating(worker: Worker, total: int, load_args: tuple[int, in
             started = time.perf_counter()
             if len(windows) % 2:  # quiet first, then loaded, in turn
                 load = Load(worker.port, *load_args)
+                result.loads.append(load)
                 running = asyncio.create_task(load.run())
             await asyncio.sleep(SETTLE_SECONDS if running else QUIET_SETTLE_SECONDS)
             first = await sample()
             while (last := await sample())[0] - started < seconds and last[1] < total:
                 await asyncio.sleep(0.25)
             if last[1] >= total:
-                return windows
+                return result
             done = last[1] - first[1]
             windows.append(Window(running is not None, done / (last[0] - first[0]),
                                   (last[2] - first[2]) / done * 1000))
@@ -224,6 +237,8 @@ async def drive_alternating(worker: Worker, total: int, load_args: tuple[int, in
         if load is not None and running is not None:
             load.stop.set()
             await running
+        stop_caller.set()
+        await caller
 
 
 def alternating_ratio(windows: list[Window]) -> tuple[float, float, int]:
@@ -259,18 +274,26 @@ def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record]
         rate, cpu, statuses, seconds = asyncio.run(drive(worker, len(records), load))
     finally:
         worker.stop()
-    seconds.sort()
-    p99 = seconds[int(len(seconds) * 0.99)] if seconds else float("nan")
-    print(f"  {name:7} {rate:>9,.0f} events/s, worker CPU {cpu * 1000:,.0f} ms per 1,000"
-          f" events   normal caller: {dict(statuses)},"
-          f" p99 {p99 * 1000:.0f} ms")
+    print_callers(statuses, seconds, f"{name:7} {rate:>9,.0f} events/s, worker CPU"
+                  f" {cpu * 1000:,.0f} ms per 1,000 events   normal caller:")
     if load is not None:
-        held = sorted(load.held_seconds)
-        print(f"          waiters' answers: {dict(load.waiter_answers)}")
-        print(f"          slow connections closed: {len(held):,}, held p50"
-              f" {held[len(held) // 2] if held else float('nan'):.1f} s, max"
-              f" {held[-1] if held else float('nan'):.1f} s")
+        print_load([load])
     return rate, cpu
+
+
+def print_callers(statuses: Counter[str], seconds: list[float], heading: str) -> None:
+    seconds = sorted(seconds)
+    p99 = seconds[int(len(seconds) * 0.99)] if seconds else float("nan")
+    print(f"  {heading} {dict(statuses)}, p99 {p99 * 1000:.0f} ms")
+
+
+def print_load(loads: list[Load]) -> None:
+    held = sorted(second for load in loads for second in load.held_seconds)
+    answers = sum((load.waiter_answers for load in loads), Counter[str]())
+    print(f"          waiters' answers: {dict(answers)}")
+    print(f"          slow connections closed: {len(held):,}, held p50"
+          f" {held[len(held) // 2] if held else float('nan'):.1f} s, max"
+          f" {held[-1] if held else float('nan'):.1f} s")
 
 
 def alternate(bootstrap: str, log_dir: Path, tokens: str, records: list[Record],
@@ -288,9 +311,12 @@ def alternate(bootstrap: str, log_dir: Path, tokens: str, records: list[Record],
                  "every tenant's thread in the view", worker.log_tail)
         print(f"  windows of {seconds:.0f} s (the first {SETTLE_SECONDS:.0f} s of a loaded one"
               f" and {QUIET_SETTLE_SECONDS:.0f} s of a quiet one not measured):")
-        windows = asyncio.run(drive_alternating(worker, len(records), load_args, seconds))
+        alternation = asyncio.run(drive_alternating(worker, len(records), load_args, seconds))
     finally:
         worker.stop()
+    windows = alternation.windows
+    print_callers(alternation.statuses, alternation.seconds, "normal caller, all along:")
+    print_load(alternation.loads)
     if len(windows) < 3:
         print("  too few windows for a ratio: give more --events or a shorter --alternate")
         return
