@@ -172,23 +172,10 @@ def assert_dashboard_and_alerts_match(scrape: str) -> None:
     """Every worker metric the Grafana dashboard and the alert rules query is on a live
     /metrics (the tap's, `agui_tap_*`, are a tap's: tests/deploy checks them against
     its registry, and tests/runtime/test_tap_service.py scrapes a live tap)."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from tests.deploy.metric_names import PROMETHEUS_SYNTHETIC
+    from tests.deploy.queried_metrics import live_metric_names, queried_metric_names
 
-    from tests.deploy.metric_names import (
-        PROMETHEUS_SYNTHETIC,
-        _sample_names,
-        expand_grafana_variables,
-        promql_metric_names,
-    )
-    from tests.deploy.test_grafana import dashboard, queries
-    from tests.deploy.test_prometheus import alert_rules
-
-    live = _sample_names(text_string_to_metric_families(scrape))
-    used: set[str] = set()
-    for _, expr in queries(dashboard()):
-        used |= promql_metric_names(expand_grafana_variables(expr))
-    for rule in alert_rules():
-        used |= promql_metric_names(rule["expr"])
-    worker_metrics = {name for name in used if not name.startswith("agui_tap_")}
+    worker_metrics = {name for name in queried_metric_names()
+                      if not name.startswith("agui_tap_")}
     assert worker_metrics, "no query found"
-    assert worker_metrics - PROMETHEUS_SYNTHETIC - live == set()
+    assert worker_metrics - PROMETHEUS_SYNTHETIC - live_metric_names(scrape) == set()

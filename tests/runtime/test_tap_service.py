@@ -301,22 +301,11 @@ def test_with_kafka_unreachable_clients_get_the_same_bytes_and_drops_are_counted
 def assert_tap_queries_are_live(health_port: int) -> None:
     """Every tap metric the dashboard and the alert rules query is on the tap's live
     /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from tests.deploy.metric_names import (
-        _sample_names,
-        expand_grafana_variables,
-        promql_metric_names,
-    )
-    from tests.deploy.test_grafana import dashboard, queries
-    from tests.deploy.test_prometheus import alert_rules
+    from tests.deploy.queried_metrics import live_metric_names, queried_metric_names
 
     with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/metrics", timeout=5) as r:
-        live = _sample_names(text_string_to_metric_families(r.read().decode()))
-    used = {name for _, expr in queries(dashboard())
-            for name in promql_metric_names(expand_grafana_variables(expr))}
-    used |= {name for rule in alert_rules() for name in promql_metric_names(rule["expr"])}
-    tap_metrics = {name for name in used if name.startswith("agui_tap_")}
+        live = live_metric_names(r.read().decode())
+    tap_metrics = {name for name in queried_metric_names() if name.startswith("agui_tap_")}
     assert tap_metrics and tap_metrics - live == set()
 
 
