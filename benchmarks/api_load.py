@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import sys
@@ -48,7 +49,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -256,10 +257,11 @@ def alternating_ratio(windows: list[Window]) -> tuple[float, float, int]:
 Record = tuple[bytes, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
 
-def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record], name: str,
-               load_args: tuple[int, int] | None,
-               prefixes: list[str]) -> tuple[float, float]:
-    """One worker's round; its events/s and CPU seconds per 1,000 events."""
+@contextlib.contextmanager
+def serving_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record],
+                   name: str, prefixes: list[str]) -> Iterator[Worker]:
+    """A worker of its own topics, `records` produced to them first, once every
+    tenant's thread is in its view; stopped at the end."""
     ns = Namespace(bootstrap)
     prefixes.append(ns.prefix)
     ns.create_topics()
@@ -270,10 +272,18 @@ def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record]
     try:
         wait_for(lambda: all(_answers(worker, tenant) for tenant in TENANTS), 120,
                  "every tenant's thread in the view", worker.log_tail)
-        load = None if load_args is None else Load(worker.port, *load_args)
-        rate, cpu, statuses, seconds = asyncio.run(drive(worker, len(records), load))
+        yield worker
     finally:
         worker.stop()
+
+
+def one_worker(bootstrap: str, log_dir: Path, tokens: str, records: list[Record], name: str,
+               load_args: tuple[int, int] | None,
+               prefixes: list[str]) -> tuple[float, float]:
+    """One worker's round; its events/s and CPU seconds per 1,000 events."""
+    with serving_worker(bootstrap, log_dir, tokens, records, name, prefixes) as worker:
+        load = None if load_args is None else Load(worker.port, *load_args)
+        rate, cpu, statuses, seconds = asyncio.run(drive(worker, len(records), load))
     print_callers(statuses, seconds, f"{name:7} {rate:>9,.0f} events/s, worker CPU"
                   f" {cpu * 1000:,.0f} ms per 1,000 events   normal caller:")
     if load is not None:
@@ -299,21 +309,10 @@ def print_load(loads: list[Load]) -> None:
 def alternate(bootstrap: str, log_dir: Path, tokens: str, records: list[Record],
               load_args: tuple[int, int], seconds: float, prefixes: list[str]) -> None:
     """One worker, the load switched on and off (`--alternate`)."""
-    ns = Namespace(bootstrap)
-    prefixes.append(ns.prefix)
-    ns.create_topics()
-    produce(bootstrap, ns.events, records)
-    worker = Worker(ns, log_dir, name="alternate", AGUI_STORE="memory://",
-                    AGUI_TOKENS_FILE=tokens, AGUI_API_MAX_CONNECTIONS="2000")
-    worker.start()
-    try:
-        wait_for(lambda: all(_answers(worker, tenant) for tenant in TENANTS), 120,
-                 "every tenant's thread in the view", worker.log_tail)
+    with serving_worker(bootstrap, log_dir, tokens, records, "alternate", prefixes) as worker:
         print(f"  windows of {seconds:.0f} s (the first {SETTLE_SECONDS:.0f} s of a loaded one"
               f" and {QUIET_SETTLE_SECONDS:.0f} s of a quiet one not measured):")
         alternation = asyncio.run(drive_alternating(worker, len(records), load_args, seconds))
-    finally:
-        worker.stop()
     windows = alternation.windows
     print_callers(alternation.statuses, alternation.seconds, "normal caller, all along:")
     print_load(alternation.loads)
@@ -415,19 +414,12 @@ def main(argv: Iterable[str] | None = None) -> int:
     prefixes: list[str] = []
     with broker() as bootstrap:
         if args.unit_costs:
-            ns = Namespace(bootstrap)
-            prefixes.append(ns.prefix)
-            ns.create_topics()
-            produce(bootstrap, ns.events, records[:sum(len(r.events) for r in setup)])
-            worker = Worker(ns, log_dir, name="idle", AGUI_STORE="memory://",
-                            AGUI_TOKENS_FILE=str(tokens), AGUI_API_MAX_CONNECTIONS="2000")
-            worker.start()
             try:
-                wait_for(lambda: all(_answers(worker, tenant) for tenant in TENANTS), 120,
-                         "every tenant's thread in the view", worker.log_tail)
-                asyncio.run(unit_costs(worker, args.waiters, args.slow))
+                with serving_worker(bootstrap, log_dir, str(tokens),
+                                    records[:sum(len(r.events) for r in setup)], "idle",
+                                    prefixes) as worker:
+                    asyncio.run(unit_costs(worker, args.waiters, args.slow))
             finally:
-                worker.stop()
                 delete_topics(bootstrap, prefixes)
             return 0
         if args.alternate:
