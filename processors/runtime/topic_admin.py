@@ -12,7 +12,9 @@ look for a thread in another partition than the producer put it in.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -89,6 +91,12 @@ TOPIC_ALREADY_EXISTS = 36  # another worker created it a moment earlier
 # partitions are 16,000. Requests stay well below it.
 PARTITIONS_PER_REQUEST = 4_000
 NAMES_PER_REFUSAL = 5  # a refusal names this many topics, then counts the rest
+# How long created topics may take to show in the broker's metadata. The controller
+# answers CreateTopics once it has them; the broker that lists topics learns them a
+# moment later, and a worker looking a tenant's topics up in that moment takes them
+# for missing until its next refresh (its runs then dead-lettered).
+VISIBLE_SECONDS = 30.0
+VISIBLE_POLL_SECONDS = 0.05
 
 
 async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str]:
@@ -109,7 +117,27 @@ async def ensure_topics(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> l
             f"{len(names)} topic(s) ({', '.join(names[:NAMES_PER_REFUSAL])}"
             f"{', …' if len(names) > NAMES_PER_REFUSAL else ''}): {_refusal(code)}"
             for code, names in refused.items()))
-    return [spec.name for spec in missing]
+    created = [spec.name for spec in missing]
+    await _until_listed(admin, created)
+    return created
+
+
+async def _until_listed(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Return once the broker lists every topic of `names`, so that whoever is told
+    they exist (an administrator, a worker looking up a tenant) finds them."""
+    deadline = time.monotonic() + VISIBLE_SECONDS
+    unlisted = set(names)
+    while unlisted:
+        unlisted -= set(await admin.list_topics())
+        if not unlisted:
+            return
+        if time.monotonic() >= deadline:
+            shown = sorted(unlisted)[:NAMES_PER_REFUSAL]
+            raise TopicsNotCreated(
+                f"created {len(unlisted)} topic(s) ({', '.join(shown)}"
+                f"{', …' if len(unlisted) > NAMES_PER_REFUSAL else ''}) that the broker"
+                f" did not list within {VISIBLE_SECONDS:.0f} s")
+        await asyncio.sleep(VISIBLE_POLL_SECONDS)
 
 
 def _batches(specs: list[TopicSpec]) -> list[list[TopicSpec]]:

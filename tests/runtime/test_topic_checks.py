@@ -1,6 +1,7 @@
 """The topics a worker refuses to run on (processors.runtime.topic_admin), without a
 broker: partition counts of raw, history and internal topics; replication and
-min.insync.replicas where AGUI_REPLICATION_FACTOR says production."""
+min.insync.replicas where AGUI_REPLICATION_FACTOR says production. And how topics
+are created: in requests a controller accepts, returned only once listed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from processors.config import Settings
+from processors.runtime import topic_admin
 from processors.runtime.topic_admin import (
     TopicFacts,
     TopicsNotCreated,
@@ -116,3 +118,39 @@ def test_a_refusal_names_a_few_topics_and_counts_the_rest() -> None:
         asyncio.run(ensure_topics(cast(Any, Admin()), specs))
     assert str(refused.value) == ("could not create 20 topic(s) (t0, t1, t2, t3, t4, …):"
                                   " PolicyViolationError")
+
+
+class SlowListingAdmin:
+    """A broker that answers CreateTopics at once and lists the created topics only
+    from its `listed_after`-th list request on (None: never)."""
+
+    def __init__(self, listed_after: int | None) -> None:
+        self.listed_after = listed_after
+        self.lists = 0
+        self.created: list[str] = []
+
+    async def list_topics(self) -> list[str]:
+        self.lists += 1
+        listed = self.listed_after is not None and self.lists > self.listed_after
+        return list(self.created) if listed else []
+
+    async def create_topics(self, topics: list[Any]) -> Any:
+        self.created += [topic.name for topic in topics]
+        return SimpleNamespace(topic_errors=[(topic.name, 0, None) for topic in topics])
+
+
+def test_created_topics_are_returned_only_once_the_broker_lists_them() -> None:
+    """A worker looking a tenant's topics up just after `create-topics --tenant`
+    returned found none, and dead-lettered the tenant's runs until its next refresh."""
+    admin = SlowListingAdmin(listed_after=4)
+    specs = [TopicSpec("agui.history.hooli", 2, 1), TopicSpec("agui.deadletter.hooli", 2, 1)]
+    assert asyncio.run(ensure_topics(cast(Any, admin), specs)) == [s.name for s in specs]
+    assert admin.lists == 5
+
+
+def test_topics_the_broker_never_lists_are_an_error_naming_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topic_admin, "VISIBLE_SECONDS", 0.2)
+    specs = [TopicSpec("agui.history.hooli", 2, 1)]
+    with pytest.raises(TopicsNotCreated, match=r"agui\.history\.hooli\).*did not list"):
+        asyncio.run(ensure_topics(cast(Any, SlowListingAdmin(listed_after=None)), specs))
