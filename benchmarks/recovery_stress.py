@@ -1,7 +1,7 @@
 """Run the recovery tests again and again, and print passes/runs.
 
     .venv/bin/python benchmarks/recovery_stress.py [--runs N] [--kills K] [--only NAME]
-                                                   [--keep-going]
+                                                   [--transactions worker] [--keep-going]
 
 Each round runs, in one pytest process with its own broker: the kill -9 test
 with the memory:// and the rocksdb:// store (with K kills instead of 4), the
@@ -28,45 +28,55 @@ from collections import Counter
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TESTS = {
-    "kill-memory": "tests/runtime/test_service_recovery.py::"
-                   "test_kill_9_and_restart_publishes_every_run_exactly_once[memory://]",
-    "kill-rocksdb": "tests/runtime/test_service_recovery.py::"
-                    "test_kill_9_and_restart_publishes_every_run_exactly_once[rocksdb://]",
-    "join-leave": "tests/runtime/test_service_recovery.py::"
-                  "test_second_worker_joining_and_leaving_changes_nothing",
-    "rolling-restart": "tests/runtime/test_service_recovery.py::"
-                       "test_a_rolling_restart_of_three_workers_under_load_changes_nothing",
-}
+RECOVERY = "tests/runtime/test_service_recovery.py::"
+
+
+def recovery_tests(transactions: str) -> dict[str, str]:
+    """The tests a round runs, each with AGUI_TRANSACTIONS=`transactions`."""
+    return {
+        "kill-memory": f"{RECOVERY}test_kill_9_and_restart_publishes_every_run_exactly_once"
+                       f"[memory://-{transactions}]",
+        "kill-rocksdb": f"{RECOVERY}test_kill_9_and_restart_publishes_every_run_exactly_once"
+                        f"[rocksdb://-{transactions}]",
+        "join-leave": f"{RECOVERY}test_second_worker_joining_and_leaving_changes_nothing"
+                      f"[{transactions}]",
+        "rolling-restart": f"{RECOVERY}test_a_rolling_restart_of_three_workers_under_load"
+                           f"_changes_nothing[{transactions}]",
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--kills", type=int, default=4, help="kills per kill test")
-    parser.add_argument("--only", choices=sorted(TESTS), action="append")
+    parser.add_argument("--only", choices=sorted(recovery_tests("partition")),
+                        action="append")
+    parser.add_argument("--transactions", choices=("partition", "worker"),
+                        default="partition", help="AGUI_TRANSACTIONS of the workers")
     parser.add_argument("--keep-going", action="store_true")
     args = parser.parse_args()
-    chosen = args.only or list(TESTS)
+    tests = recovery_tests(args.transactions)
+    chosen = args.only or list(tests)
     logs = Path(tempfile.mkdtemp(prefix="agui-recovery-stress-"))
     env = {**os.environ, "AGUI_TEST_KILLS": str(args.kills)}
     passes: Counter[str] = Counter()
     runs: Counter[str] = Counter()
     consecutive = 0
     broken = False
-    print(f"logs: {logs}; tests: {', '.join(chosen)}; kills per kill test: {args.kills}")
+    print(f"logs: {logs}; tests: {', '.join(chosen)}; kills per kill test: {args.kills};"
+          f" AGUI_TRANSACTIONS={args.transactions}")
     for round_number in range(1, args.runs + 1):
         log = logs / f"round-{round_number}.log"
         workers = logs / f"round-{round_number}"  # the tests' files: worker logs and data
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-             f"--basetemp={workers}", *(TESTS[name] for name in chosen)],
+             f"--basetemp={workers}", *(tests[name] for name in chosen)],
             cwd=REPO_ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         text = log.read_text(errors="replace")
         outcome = {}
         for name in chosen:
-            test_id = TESTS[name].split("::", 1)[1]
+            test_id = tests[name].split("::", 1)[1]
             passed = re.search(rf"^PASSED \S*::{re.escape(test_id)}\s*$", text, re.M)
             outcome[name] = bool(passed)
             runs[name] += 1

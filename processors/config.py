@@ -75,6 +75,9 @@ DOCUMENTED: Final = (
     ("AGUI_ROCKSDB_MEMORY_MIB", "16", "memory RocksDB may use per table and partition a"
      " worker owns (half block cache, half write buffers; three tables)"),
     ("AGUI_PROCESSING_GUARANTEE", "exactly_once", "exactly_once or at_least_once"),
+    ("AGUI_TRANSACTIONS", "partition", "exactly_once: partition (a transaction per input"
+     " partition per commit, Faust's) or worker (one per worker per commit, fenced by group"
+     " member, KIP-447: docs/next-turn.md)"),
     ("AGUI_GROUP_INSTANCE_ID", "", "static group membership id (e.g. the pod name): a restart"
      " takes its partitions back at once"),
     ("AGUI_SESSION_TIMEOUT_SECONDS", "30", "a worker silent this long loses its partitions"),
@@ -157,6 +160,7 @@ class Settings:
     data_dir: str
     rocksdb_memory_mib: int
     processing_guarantee: str
+    transactions: str
     group_instance_id: str | None
     session_timeout_seconds: float
     shutdown_timeout_seconds: float
@@ -281,6 +285,8 @@ class Settings:
                                         get("AGUI_ROCKSDB_MEMORY_MIB"), 4, 65_536),
             processing_guarantee=_choice("AGUI_PROCESSING_GUARANTEE",
                                          get("AGUI_PROCESSING_GUARANTEE").lower(), GUARANTEES),
+            transactions=_choice("AGUI_TRANSACTIONS", get("AGUI_TRANSACTIONS").lower(),
+                                 ("partition", "worker")),
             group_instance_id=optional("AGUI_GROUP_INSTANCE_ID"),
             session_timeout_seconds=float(_integer(
                 "AGUI_SESSION_TIMEOUT_SECONDS", get("AGUI_SESSION_TIMEOUT_SECONDS"), 6, 1800)),

@@ -29,7 +29,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from processors.runtime.commit import EXIT_UNSENT
+from processors.runtime.exits import EXIT_UNSENT
 from processors.view.tenant_tokens import token_line
 
 AGUI_STREAM = str(Path(sys.executable).with_name("agui-stream"))

@@ -39,6 +39,7 @@ from processors.runtime.jobs import WorkerJobs
 from processors.runtime.kafka_client import faust_credentials
 from processors.runtime.view_service import is_history, serve_thread_view
 from processors.runtime.web_server import WebLimits
+from processors.runtime.worker_transactions import worker_transactional_id
 from processors.view.tenant_tokens import TenantTokens
 from processors.view.thread_view import ThreadView
 from topics.declarations import (
@@ -113,6 +114,9 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     (with per-tenant topics, which tenants' topics exist); `matched_inputs` the raw
     topics AGUI_INPUT_PATTERN matched at start."""
     app: AdaptedApp = faust_app(settings)
+    if settings.processing_guarantee == "exactly_once" and settings.transactions == "worker":
+        app.worker_transactional_id = worker_transactional_id(settings.app_id,
+                                                              settings.group_instance_id)
     app.web_limits = WebLimits(settings.api_bind, settings.metrics_port,
                                settings.api_max_connections)  # before any page
     ticks = idle_ticks_topic(settings.app_id)

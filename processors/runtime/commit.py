@@ -13,16 +13,15 @@ the worker exits without a commit (`stop_without_commit`), which is what a kill
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 from collections.abc import Mapping
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition
 from faust.types import TP
 
 from processors.processing.outputs import Outgoing
 from processors.processing.record_processor import RecordProcessor, StateChange
+from processors.runtime.exits import stop_without_commit
 from processors.runtime.faust_adaptations import (
     AdaptedApp,
     CommitProducer,
@@ -30,14 +29,8 @@ from processors.runtime.faust_adaptations import (
     Placed,
     QuickStopTable,
 )
-from processors.safe_logging import log_exception_kind
 from processors.view.thread_view import ThreadView
 from topics.declarations import VIEW_TABLE
-
-log = logging.getLogger("agui_stream")
-
-EXIT_UNSENT = 70  # EX_SOFTWARE: outputs could not be sent (see stop_without_commit)
-EXIT_CONFIGURATION = 2  # a configuration that would break the guarantees
 
 
 class WriteBehindTable(QuickStopTable):
@@ -160,27 +153,3 @@ class WorkerCommitBatch:
             table.apply_changelog_batch(entries[name])
         self.processor.drop_deleted_keys()
         self.view.changes_applied(entries[VIEW_TABLE])
-
-
-def stop_without_commit(what: str, error: BaseException) -> NoReturn:
-    """Exit at once: `what` could not be sent, so the records behind it must not commit.
-
-    Faust would go on without them (and, on a graceful stop, commit past
-    them). Exiting without a commit is what a kill -9 does, which the recovery
-    test proves safe: the open transactions abort and the restarted worker
-    processes the records again from the last commit. Only a producer that
-    cannot send leads here, never a record's content.
-    """
-    # The exception's type and frames only: its message could quote content.
-    log_exception_kind(log, logging.CRITICAL, f"could not send {what}; exiting without a"
-                       " commit so that they are processed again after a restart", error)
-    logging.shutdown()
-    os._exit(EXIT_UNSENT)
-
-
-def stop_for_configuration(problem: str) -> NoReturn:
-    """Exit at once, without a commit, on a configuration found wrong while running
-    (what a kill does: safe); the same exit code as a wrong configuration at start."""
-    log.critical("configuration error: %s; stopping", problem)
-    logging.shutdown()
-    os._exit(EXIT_CONFIGURATION)

@@ -46,6 +46,12 @@ from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
 
 from processors.runtime.web_server import HardenedWeb, WebLimits
+from processors.runtime.worker_transactions import (
+    GroupMember,
+    WorkerTransactionManager,
+    fetch_stable_offsets,
+    member_fenced_producer,
+)
 from processors.safe_logging import log_exception_kind
 
 log = logging.getLogger("agui_stream")
@@ -164,6 +170,11 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     topics' ends are the broker's.
     Proof: the join/leave test (runs on stale state failed as run_not_started);
     benchmarks/rebalance_pause.py (a join paused every partition 14 s)."""
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        if cast(AdaptedApp, self.consumer.app).worker_transactional_id is not None:
+            fetch_stable_offsets(self._ensure_consumer())
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         """Faust makes the broker hold a fetch that finds nothing for 1.5 s, and aiokafka
@@ -616,6 +627,16 @@ class CommitProducer(faust_aiokafka.Producer):
             self._learning.add(learning)
             learning.add_done_callback(self._learning.discard)
 
+    def _new_producer(self, transactional_id: str | None = None) -> Any:
+        """The worker's one transactional producer (AGUI_TRANSACTIONS=worker) fences by
+        group member (processors.runtime.worker_transactions)."""
+        app = cast(AdaptedApp, self.app)
+        if transactional_id is None or transactional_id != app.worker_transactional_id:
+            return super()._new_producer(transactional_id)
+        return member_fenced_producer(app.group_member, transactional_id=transactional_id,
+                                      **{**self._settings_default(), **self._settings_auth(),
+                                         **self._settings_extra()})
+
     async def topic_names(self) -> set[str]:
         """The names of every topic the broker shows this principal, over the producer's
         own connection (a metadata request naming no topic: it creates none)."""
@@ -891,6 +912,18 @@ class AdaptedTransport(faust_aiokafka.Transport):
     Consumer = WholeRecordConsumer
     Producer = CommitProducer
 
+    def create_transaction_manager(self, consumer: Any, producer: Any,
+                                   **kwargs: Any) -> Any:
+        """One transaction per worker when the app has a worker transactional id
+        (AGUI_TRANSACTIONS=worker, processors.runtime.worker_transactions)."""
+        transactional_id = cast(AdaptedApp, self.app).worker_transactional_id
+        if transactional_id is None:
+            return super().create_transaction_manager(consumer, producer, **kwargs)
+        manager = WorkerTransactionManager(self, consumer=consumer, producer=producer,
+                                           **kwargs)
+        manager.transactional_id = transactional_id
+        return manager
+
 
 class CommitBatch(Protocol):
     """What the records of one commit produced and changed, taken between two records."""
@@ -929,6 +962,9 @@ class AdaptedApp(faust.App):
     hands every commit what to send with it."""
 
     web_limits: WebLimits | None = None  # set before the first page is added
+    # One transaction per worker (AGUI_TRANSACTIONS=worker): its transactional id, set
+    # before the app starts; None: one per partition, Faust's.
+    worker_transactional_id: str | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("Monitor", LeanMonitor)
@@ -950,6 +986,14 @@ class AdaptedApp(faust.App):
         self._owned_producers: set[str] = set()
         self.on_partitions_assigned.connect(
             self._stop_producers_of_lost_partitions)  # type: ignore[arg-type]
+
+    def group_member(self) -> GroupMember:
+        """The consumer's generation and member id now (read from the consumer's
+        thread: plain attributes, each read whole)."""
+        coordinator = cast(WholeRecordConsumer, self.consumer)._thread._ensure_consumer(
+            )._coordinator
+        return GroupMember(coordinator.generation, coordinator.member_id,
+                           coordinator._group_instance_id)
 
     def commit_soon(self) -> None:
         """A record produced history: start the next commit early
@@ -1003,7 +1047,7 @@ class AdaptedApp(faust.App):
         took away; the new owner fences them, and when a partition comes back every
         send of it fails. Here they are stopped (Faust starts fresh ones on return).
         Proof: the join/leave test."""
-        if not self.in_transaction:
+        if not self.in_transaction or self.worker_transactional_id is not None:
             return
         changelogs = self.tables.changelog_topics
         owned = {transactional_id(self, tp.topic, tp.partition) for tp in assigned

@@ -24,12 +24,8 @@ from processors.config import Settings
 from processors.metrics import Metrics
 from processors.processing.outputs import Outgoing, header_list, incoming_record
 from processors.processing.record_processor import RecordProcessor
-from processors.runtime.commit import (
-    PartitionBatch,
-    WorkerCommitBatch,
-    WriteBehindTable,
-    stop_for_configuration,
-)
+from processors.runtime.commit import PartitionBatch, WorkerCommitBatch, WriteBehindTable
+from processors.runtime.exits import stop_for_configuration
 from processors.runtime.faust_adaptations import (
     AdaptedApp,
     CommitProducer,
@@ -175,8 +171,9 @@ class WorkerJobs:
         now = time.time()
         for partition in sorted(set(self.unsent) | set(self.processor.dirty_partitions())
                                 | set(self.view.dirty_partitions())):
-            transaction = (transactional_id(self.app, self.group_topic, partition)
-                           if self.app.in_transaction else None)
+            transaction = (None if not self.app.in_transaction
+                           else self.app.worker_transactional_id
+                           or transactional_id(self.app, self.group_topic, partition))
             outgoing = self.unsent.pop(partition, [])
             changes = (self.processor.changes(partition, now, everything)
                        + self.view.changes(partition))

@@ -51,6 +51,7 @@ from processors.runtime.topic_admin import (
     input_topics_now,
     tenant_topics_now,
 )
+from processors.runtime.worker_transactions import missing_group_fencing
 from topics.acls import Acl, Layout, Operation, Pattern, Resource, kafka_acls_commands
 from topics.acls import worker_acls as layout_acls
 
@@ -104,8 +105,9 @@ def worker_acls(settings: Settings) -> list[Acl]:
 
 
 async def connection_problem(settings: Settings) -> str | None:
-    """None once one bootstrap server accepts the connection, TLS and SASL included;
-    else why the first one did not."""
+    """None once one bootstrap server accepts the connection, TLS and SASL included,
+    and (AGUI_TRANSACTIONS=worker) takes the requests that fence a worker's
+    transactions; else why the first one did not."""
     try:
         options = aiokafka_options(settings)
     except (ssl.SSLError, OSError) as error:  # a CA, certificate or key file unusable
@@ -124,6 +126,8 @@ async def connection_problem(settings: Settings) -> str | None:
             reasons.append(describe_connection_error(error, settings, host, port))
             continue
         connection.close()
+        if settings.processing_guarantee == "exactly_once" and settings.transactions == "worker":
+            return missing_group_fencing(connection._versions)
         return None
     return reasons[0] if reasons else "KAFKA_BOOTSTRAP_SERVERS names no server"
 

@@ -141,9 +141,15 @@ def closing_count(records: list[Consumed]) -> int:
     return sum(r.value["kind"] == "run" for r in records)
 
 
+# Both ways of committing: a transaction per partition (Faust's) and one per worker
+# (AGUI_TRANSACTIONS=worker, fenced by group member).
+TRANSACTIONS = pytest.mark.parametrize("transactions", ["partition", "worker"])
+
+
+@TRANSACTIONS
 @pytest.mark.parametrize("store", ["memory://", "rocksdb://"])
 def test_kill_9_and_restart_publishes_every_run_exactly_once(
-    kafka_bootstrap: str, tmp_path: Path, store: str
+    kafka_bootstrap: str, tmp_path: Path, store: str, transactions: str
 ) -> None:
     # Other kill points every run (the stress runs need that); printed for a replay.
     seed = int(os.environ.get("AGUI_TEST_KILL_SEED", random.randrange(2**32)))
@@ -154,7 +160,7 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     namespace.create_topics()
     producer = BackgroundProducer(kafka_bootstrap, namespace.events, records, batch=2_000)
     # Static membership: the restarted worker takes its partitions back at once.
-    worker = Worker(namespace, tmp_path, AGUI_STORE=store,
+    worker = Worker(namespace, tmp_path, AGUI_STORE=store, AGUI_TRANSACTIONS=transactions,
                     AGUI_PROCESSING_GUARANTEE="exactly_once", AGUI_GROUP_INSTANCE_ID="w1",
                     AGUI_TOKENS_FILE=view_tokens_file(tmp_path))
     reader = TopicReader(kafka_bootstrap, namespace.history)
@@ -181,8 +187,9 @@ def test_kill_9_and_restart_publishes_every_run_exactly_once(
     assert_exactly_once(runs, reader.records)
 
 
+@TRANSACTIONS
 def test_second_worker_joining_and_leaving_changes_nothing(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, transactions: str
 ) -> None:
     runs, records = interleaved_runs(seed=11, keys=200, runs_per_key=5)  # 1,000 runs
     half = len(records) // 2
@@ -193,7 +200,8 @@ def test_second_worker_joining_and_leaving_changes_nothing(
     # init); the worker then exits to be restarted, as its deployment would do.
     tokens = view_tokens_file(tmp_path)
     first, second = (Worker(namespace, tmp_path, name=name, restarted=True,
-                            AGUI_SESSION_TIMEOUT_SECONDS="10", AGUI_TOKENS_FILE=tokens)
+                            AGUI_SESSION_TIMEOUT_SECONDS="10", AGUI_TOKENS_FILE=tokens,
+                            AGUI_TRANSACTIONS=transactions)
                      for name in ("first", "second"))
     reader = TopicReader(kafka_bootstrap, namespace.history)
     producer.start()
@@ -223,8 +231,9 @@ def test_second_worker_joining_and_leaving_changes_nothing(
     assert_exactly_once(runs, reader.records)
 
 
+@TRANSACTIONS
 def test_a_rolling_restart_of_three_workers_under_load_changes_nothing(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, transactions: str
 ) -> None:
     """As a StatefulSet rolls: each worker in turn stopped with SIGTERM and started
     again under the same static member id, then one killed with -9 and restarted,
@@ -238,7 +247,8 @@ def test_a_rolling_restart_of_three_workers_under_load_changes_nothing(
     tokens = view_tokens_file(tmp_path)
     workers = [Worker(namespace, tmp_path, name=f"w{n}", restarted=True,
                       AGUI_GROUP_INSTANCE_ID=f"w{n}", AGUI_SESSION_TIMEOUT_SECONDS="10",
-                      AGUI_TOKENS_FILE=tokens) for n in (1, 2, 3)]
+                      AGUI_TOKENS_FILE=tokens, AGUI_TRANSACTIONS=transactions)
+               for n in (1, 2, 3)]
     for worker in workers:
         worker.start()
     wait_for(lambda: [w.input_partitions() for w in workers] == [2, 2, 2], 120,
