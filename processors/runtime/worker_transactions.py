@@ -13,7 +13,9 @@ Fencing comes from the consumer group instead, as in Kafka Streams' exactly_once
   id, group instance id). A worker that lost its partitions in a rebalance it did
   not take part in (a zombie: stopped, cut off) has an old generation, so the group
   coordinator refuses its offsets; its transaction aborts and the worker exits
-  without a commit. aiokafka sends v0, which names no member.
+  without a commit. aiokafka sends v0, which names no member. Once the consumer
+  knows it is out of the group it has no member to name, and the coordinator
+  would take offsets naming none: those are not sent at all.
 * **A new owner reads only stable offsets** (`OffsetFetch` v7, `require_stable`):
   while an earlier owner's transaction holding offsets of the partition is still
   open, the coordinator answers UNSTABLE_OFFSET_COMMIT and the fetch is retried, so
@@ -166,14 +168,13 @@ class _MemberTxnOffsetCommit(Request[_TxnOffsetCommitRequestV3]):  # type: ignor
 class _MemberTxnOffsetCommitHandler(TxnOffsetCommitHandler):  # type: ignore[misc]
     """aiokafka's handler, sending v3 with the group member at the time of sending."""
 
-    def __init__(self, sender: Any, offsets: Any, group_id: str,
-                 member: Callable[[], GroupMember]) -> None:
+    def __init__(self, sender: Any, offsets: Any, group_id: str, member: GroupMember) -> None:
         super().__init__(sender, offsets, group_id)
         self._member = member
 
     def create_request(self) -> _MemberTxnOffsetCommit:
         transactions = self._sender._txn_manager
-        member = self._member()
+        member = self._member
         topics: dict[str, list[tuple[Any, ...]]] = collections.defaultdict(list)
         for tp, offset in sorted(self._offsets.items()):
             topics[tp.topic].append((tp.partition, offset.offset, -1, offset.metadata, {}))
@@ -203,12 +204,21 @@ class _MemberSender(Sender):  # type: ignore[misc]
     async def _do_txn_offset_commit(self, offsets: Any, group_id: str) -> None:
         if not offsets:
             return
+        member = self.member()
+        if member.generation < 0 or not member.member_id:
+            # The consumer learnt it is out of the group (aiokafka then forgets its
+            # generation and member id) and has not joined again. The coordinator
+            # takes offsets that name no member from anyone, as from a client that
+            # is not in the group: they would commit.
+            self._txn_manager.error_transaction(CommitFailedError(
+                "this worker is not a member of the group now"))
+            return
         try:  # sent to the group's coordinator, as aiokafka does
             node_id = await self._find_coordinator(CoordinationType.GROUP, group_id)
         except GroupAuthorizationFailedError as error:
             self._txn_manager.error_transaction(error)
             return
-        await _MemberTxnOffsetCommitHandler(self, offsets, group_id, self.member).do(node_id)
+        await _MemberTxnOffsetCommitHandler(self, offsets, group_id, member).do(node_id)
 
 
 def member_fenced_producer(member: Callable[[], GroupMember], **settings: Any,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -278,5 +279,51 @@ def test_a_rolling_restart_of_three_workers_under_load_changes_nothing(
         for name, start, end in steps))
     assert_view_matches_history(workers[0], reader.records)
     for worker in workers:
+        worker.stop()
+    assert_exactly_once(runs, reader.records)
+
+
+@TRANSACTIONS
+def test_a_zombie_worker_continued_after_its_partitions_moved_publishes_nothing_twice(
+    kafka_bootstrap: str, tmp_path: Path, transactions: str
+) -> None:
+    """A worker stopped (SIGSTOP) past its session timeout, possibly in the middle of
+    a transaction, while a second worker takes its partitions, then continued: what
+    it commits after that would be processed twice. Its commit must fail (`worker`:
+    the group refuses the offsets of an old generation; `partition`: the new owner's
+    producers fenced its own) and it must exit without a commit."""
+    runs, records = interleaved_runs(seed=17, keys=200, runs_per_key=5)  # 1,000 runs
+    namespace = Namespace(kafka_bootstrap)
+    namespace.create_topics()
+    producer = BackgroundProducer(kafka_bootstrap, namespace.events, records, batch=250,
+                                  seconds=40)
+    tokens = view_tokens_file(tmp_path)
+    zombie, successor = (Worker(namespace, tmp_path, name=name, restarted=True,
+                                AGUI_SESSION_TIMEOUT_SECONDS="6", AGUI_TOKENS_FILE=tokens,
+                                AGUI_TRANSACTIONS=transactions)
+                         for name in ("zombie", "successor"))
+    reader = TopicReader(kafka_bootstrap, namespace.history)
+    zombie.start()
+    producer.start()
+    reader.wait_until(lambda recs: closing_count(recs) >= len(runs) // 10, 300,
+                      "a tenth of the runs", zombie.log_tail)
+    assert zombie.process is not None
+    os.killpg(zombie.process.pid, signal.SIGSTOP)
+    try:
+        successor.start()
+        wait_for(lambda: successor.input_partitions() == namespace.partitions, 120,
+                 "the successor to take every partition", successor.log_tail)
+        done = successor.processed()
+        wait_for(lambda: successor.processed() >= done + 500, 120,
+                 "the successor to process records", successor.log_tail)
+    finally:
+        os.killpg(zombie.process.pid, signal.SIGCONT)
+    producer.join(300)
+    assert producer.error is None, producer.error
+    reader.wait_until(lambda recs: closing_count(recs) >= len(runs), 300,
+                      f"all {len(runs)} closing records",
+                      lambda: missing_runs_report(runs, reader.records, successor))
+    assert_view_matches_history(successor, reader.records)
+    for worker in (zombie, successor):
         worker.stop()
     assert_exactly_once(runs, reader.records)

@@ -62,12 +62,18 @@ def _fresh_topic(bootstrap: str) -> str:
     return topic
 
 
+# A zombie as its consumer may see itself: still in the generation the group has
+# left behind, or (having learnt it was removed) in none.
+OLD_GENERATION = "old generation"
+NO_MEMBER = "no member"
+
+
 async def _zombie_commit(bootstrap: str, topic: str,
                          make_producer: Callable[..., AIOKafkaProducer],
+                         zombie: str = OLD_GENERATION,
                          ) -> tuple[int | None, BaseException | None]:
-    """A member's producer commits offset 5; then a commit made as the member of a
-    generation the group has left behind. The group's offset after both, and what
-    the second commit raised."""
+    """A member's producer commits offset 5; then a commit made as a zombie. The
+    group's offset after both, and what the second commit raised."""
     group = f"g-{uuid.uuid4().hex[:8]}"
     async with _group_member(bootstrap, group, topic) as consumer:
         coordinator = consumer._coordinator
@@ -78,7 +84,8 @@ async def _zombie_commit(bootstrap: str, topic: str,
         await producer.start()
         try:
             await _commit_offset(producer, topic, group, 5)
-            current[0] = member._replace(generation=member.generation - 1)
+            current[0] = (member._replace(generation=member.generation - 1)
+                          if zombie == OLD_GENERATION else GroupMember(-1, "", None))
             raised: BaseException | None = None
             try:
                 await _commit_offset(producer, topic, group, 9)
@@ -91,9 +98,10 @@ async def _zombie_commit(bootstrap: str, topic: str,
     return committed, raised
 
 
-def test_a_commit_as_a_member_of_an_old_generation_is_refused(kafka_bootstrap: str) -> None:
-    committed, raised = asyncio.run(_zombie_commit(kafka_bootstrap, _fresh_topic(kafka_bootstrap),
-                                                   member_fenced_producer))
+@pytest.mark.parametrize("zombie", [OLD_GENERATION, NO_MEMBER])
+def test_a_zombie_s_commit_is_refused(kafka_bootstrap: str, zombie: str) -> None:
+    committed, raised = asyncio.run(_zombie_commit(
+        kafka_bootstrap, _fresh_topic(kafka_bootstrap), member_fenced_producer, zombie))
     assert committed == 5
     assert isinstance(raised, CommitFailedError)
 
