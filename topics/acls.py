@@ -140,7 +140,8 @@ def worker_acls(layout: Layout, principal: str = WORKER) -> list[Acl]:
               (Operation.WRITE, "writes its changelogs and idle ticks"),
               (Operation.DESCRIBE_CONFIGS, "checks its internal topics' settings"))),
         acl(Operation.WRITE, Resource.TRANSACTIONAL_ID, prefix,
-            "commits through one transactional producer per input partition",
+            "commits through one transactional producer per input partition, or one per"
+            " worker (AGUI_TRANSACTIONS)",
             Pattern.PREFIXED),
     ]
 
