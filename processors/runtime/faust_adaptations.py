@@ -51,6 +51,7 @@ from processors.runtime.worker_transactions import (
     WorkerTransactionManager,
     fetch_stable_offsets,
     member_fenced_producer,
+    stable_ends,
 )
 from processors.safe_logging import log_exception_kind
 
@@ -234,10 +235,15 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     async def _highwaters(self, partitions: list[TP]) -> Any:
         consumer = self._ensure_consumer()
-        ends = await consumer.end_offsets(partitions)
         changelogs = self.consumer.app.tables.changelog_topics
-        if not self.consumer.in_transaction or not any(
-                tp.topic in changelogs for tp in partitions):
+        recovering = any(tp.topic in changelogs for tp in partitions)
+        if recovering and cast(AdaptedApp, self.consumer.app).worker_transactional_id:
+            # One transaction per worker: wait out a transaction an earlier owner left
+            # open (worker_transactions.stable_ends).
+            ends = await stable_ends(consumer, partitions)
+        else:
+            ends = await consumer.end_offsets(partitions)
+        if not self.consumer.in_transaction or not recovering:
             return ends
         starts = await consumer.beginning_offsets(partitions)
         # Every transaction ends with one marker after its records: two offsets at least.

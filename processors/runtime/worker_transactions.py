@@ -34,6 +34,7 @@ at start (`missing_group_fencing`).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import uuid
@@ -42,12 +43,14 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import aiokafka
+from aiokafka import errors
 from aiokafka.client import CoordinationType
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError, GroupAuthorizationFailedError, KafkaError
 from aiokafka.producer.sender import Sender, TxnOffsetCommitHandler
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.commit import OffsetFetchRequest
+from aiokafka.protocol.offset import OffsetRequest
 from aiokafka.protocol.types import (
     Boolean,
     CompactArray,
@@ -341,3 +344,62 @@ class WorkerTransactionManager(TransactionManager):
         except Exception as error:
             stop_without_commit("the offsets of a commit", error)
         return True
+
+
+# --- Recovery behind an open transaction ---------------------------------------------
+
+LATEST = -1  # ListOffsets: the partition's end
+READ_UNCOMMITTED = 0
+OPEN_TRANSACTION_POLL_SECONDS = 0.1
+
+
+async def stable_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP],
+                      ) -> dict[TP, int]:
+    """The last stable offset of each of `partitions` once every transaction open on
+    them now has ended.
+
+    A read_committed consumer's end of a partition is its last stable offset, which
+    stops at the first transaction still open. With a transaction per partition a
+    new owner's producer aborts the earlier owner's open transaction before anything
+    is read; with one per worker nothing does until it times out, and the previous
+    owner's later commits stay behind it. Table recovery ending there would build
+    state older than the committed input offsets. So it waits until the stable end
+    reaches the end written now (at most the transaction timeout, and the broker's
+    check for timed-out transactions)."""
+    written = await _written_ends(consumer, partitions)
+    said = False
+    while True:
+        stable: dict[TP, int] = await consumer.end_offsets(partitions)
+        behind = [tp for tp in partitions if stable[tp] < written[tp]]
+        if not behind:
+            return stable
+        if not said:
+            log.info("%d changelog partition(s) wait for a transaction an earlier owner left"
+                     " open (up to its %d s timeout) before their recovery ends", len(behind),
+                     TRANSACTION_TIMEOUT_MS // 1000)
+            said = True
+        await asyncio.sleep(OPEN_TRANSACTION_POLL_SECONDS)
+
+
+async def _written_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP],
+                        ) -> dict[TP, int]:
+    """Each partition's end as written (its high watermark: read_uncommitted), asked
+    of its leader with aiokafka's ListOffsets request."""
+    client = consumer._client
+    by_leader: dict[int, dict[str, list[tuple[int, int]]]] = collections.defaultdict(
+        lambda: collections.defaultdict(list))
+    for tp in partitions:
+        leader = client.cluster.leader_for_partition(tp)
+        if leader is None or leader < 0:
+            raise KafkaError(f"no leader known for {tp.topic}[{tp.partition}]")
+        by_leader[leader][tp.topic].append((tp.partition, LATEST))
+    ends: dict[TP, int] = {}
+    for leader, topics in by_leader.items():
+        response = await client.send(leader, OffsetRequest(-1, READ_UNCOMMITTED,
+                                                           list(topics.items())))
+        for topic, answers in response.topics:
+            for partition, error_code, *position in answers:
+                if error_code:
+                    raise errors.for_code(error_code)()
+                ends[TP(topic, partition)] = position[-1]
+    return ends

@@ -18,6 +18,7 @@ from processors.runtime.worker_transactions import (
     fetch_stable_offsets,
     member_fenced_producer,
     missing_group_fencing,
+    stable_ends,
 )
 from tests.service_harness import create_topic
 
@@ -158,3 +159,43 @@ def test_aiokafka_s_own_fetch_does_not_wait_and_misses_them(kafka_bootstrap: str
     waited, offset = asyncio.run(_fetch_while_a_transaction_holds_offsets(
         kafka_bootstrap, _fresh_topic(kafka_bootstrap), stable=False))
     assert (waited, offset) == (False, None)
+
+
+async def _recovery_end_behind_an_open_transaction(bootstrap: str, topic: str,
+                                                   ) -> tuple[int, bool, int]:
+    """A changelog partition where an earlier owner's transaction is open and the
+    next owner committed records after it. What a read_committed consumer takes for
+    the end meanwhile; whether `stable_ends` was still waiting a second later; and
+    the end it returned once the open transaction aborted."""
+    tp = TopicPartition(topic, 0)
+    earlier, later = (AIOKafkaProducer(bootstrap_servers=bootstrap,
+                                       transactional_id=f"t-{uuid.uuid4().hex[:8]}")
+                      for _ in range(2))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    for client in (earlier, later, consumer):
+        await client.start()
+    try:
+        await earlier.begin_transaction()
+        await earlier.send_and_wait(topic, b"left open", partition=0)
+        async with later.transaction():
+            await later.send_and_wait(topic, b"committed after it", partition=0)
+        stalled = (await consumer.end_offsets([tp]))[tp]
+        ending = asyncio.ensure_future(stable_ends(consumer, [tp]))
+        done, _ = await asyncio.wait({ending}, timeout=1.0)
+        await earlier.abort_transaction()
+        end = (await ending)[tp]
+    finally:
+        for client in (earlier, later, consumer):
+            await client.stop()
+    return stalled, not done, end
+
+
+def test_recovery_ends_only_once_an_earlier_owner_s_open_transaction_has_ended(
+        kafka_bootstrap: str) -> None:
+    stalled, waited, end = asyncio.run(_recovery_end_behind_an_open_transaction(
+        kafka_bootstrap, _fresh_topic(kafka_bootstrap)))
+    # Offsets: the open record, the later record, the later commit marker, then the
+    # abort marker; the stable end stood before the open record.
+    assert stalled == 0
+    assert waited
+    assert end == 4
