@@ -5,8 +5,10 @@
 
 Each round runs, in one pytest process with its own broker: the kill -9 test
 with the memory:// and the rocksdb:// store (with K kills instead of 4), the
-join/leave test and the rolling restart of three workers (each stopped with
-SIGTERM in turn, then one killed with -9; its pauses are printed). It stops
+join/leave test, the rolling restart of three workers (each stopped with
+SIGTERM in turn, then one killed with -9; its pauses are printed) and the zombie
+worker (stopped past its session timeout while another takes its partitions,
+then continued). It stops
 at the first failure (its pytest output and its workers' logs are kept and
 their paths printed) unless --keep-going, and
 prints one line per round and the totals: how many consecutive rounds passed
@@ -42,6 +44,8 @@ def recovery_tests(transactions: str) -> dict[str, str]:
                       f"[{transactions}]",
         "rolling-restart": f"{RECOVERY}test_a_rolling_restart_of_three_workers_under_load"
                            f"_changes_nothing[{transactions}]",
+        "zombie": f"{RECOVERY}test_a_zombie_worker_continued_after_its_partitions_moved"
+                  f"_publishes_nothing_twice[{transactions}]",
     }
 
 
