@@ -120,16 +120,22 @@ def missing_group_fencing(versions: dict[int, tuple[int, int]]) -> str | None:
 
 # --- TxnOffsetCommit v3 --------------------------------------------------------------
 
+def _per_topic(partitions: Any) -> CompactArray:
+    """A flexible version's array of topics, each a name and its `partitions`."""
+    return CompactArray(("name", CompactString("utf-8")), ("partitions", partitions),
+                        ("tags", TaggedFields))
+
+
+def _per_partition(*fields: tuple[str, Any]) -> CompactArray:
+    return CompactArray(*fields, ("tags", TaggedFields))
+
+
 class _TxnOffsetCommitResponseV3(Response):  # type: ignore[misc]
     API_KEY = TXN_OFFSET_COMMIT
     API_VERSION = TXN_OFFSET_COMMIT_VERSION
     SCHEMA = Schema(
         ("throttle_time_ms", Int32),
-        ("topics", CompactArray(
-            ("name", CompactString("utf-8")),
-            ("partitions", CompactArray(("partition", Int32), ("error_code", Int16),
-                                        ("tags", TaggedFields))),
-            ("tags", TaggedFields))),
+        ("topics", _per_topic(_per_partition(("partition", Int32), ("error_code", Int16)))),
         ("tags", TaggedFields),
     )
 
@@ -147,12 +153,9 @@ class _TxnOffsetCommitRequestV3(RequestStruct):  # type: ignore[misc]
         ("generation_id", Int32),
         ("member_id", CompactString("utf-8")),
         ("group_instance_id", CompactString("utf-8")),
-        ("topics", CompactArray(
-            ("name", CompactString("utf-8")),
-            ("partitions", CompactArray(
-                ("partition", Int32), ("offset", Int64), ("leader_epoch", Int32),
-                ("metadata", CompactString("utf-8")), ("tags", TaggedFields))),
-            ("tags", TaggedFields))),
+        ("topics", _per_topic(_per_partition(
+            ("partition", Int32), ("offset", Int64), ("leader_epoch", Int32),
+            ("metadata", CompactString("utf-8"))))),
         ("tags", TaggedFields),
     )
 
@@ -243,13 +246,9 @@ class _OffsetFetchResponseV7(Response):  # type: ignore[misc]
     API_VERSION = OFFSET_FETCH_VERSION
     SCHEMA = Schema(
         ("throttle_time_ms", Int32),
-        ("topics", CompactArray(
-            ("name", CompactString("utf-8")),
-            ("partitions", CompactArray(
-                ("partition", Int32), ("offset", Int64), ("leader_epoch", Int32),
-                ("metadata", CompactString("utf-8")), ("error_code", Int16),
-                ("tags", TaggedFields))),
-            ("tags", TaggedFields))),
+        ("topics", _per_topic(_per_partition(
+            ("partition", Int32), ("offset", Int64), ("leader_epoch", Int32),
+            ("metadata", CompactString("utf-8")), ("error_code", Int16)))),
         ("error_code", Int16),
         ("tags", TaggedFields),
     )
@@ -262,9 +261,7 @@ class _OffsetFetchRequestV7(RequestStruct):  # type: ignore[misc]
     RESPONSE_TYPE = _OffsetFetchResponseV7
     SCHEMA = Schema(
         ("group_id", CompactString("utf-8")),
-        ("topics", CompactArray(("name", CompactString("utf-8")),
-                                ("partitions", CompactArray(Int32)),
-                                ("tags", TaggedFields))),
+        ("topics", _per_topic(CompactArray(Int32))),
         ("require_stable", Boolean),
         ("tags", TaggedFields),
     )

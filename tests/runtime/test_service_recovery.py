@@ -138,6 +138,18 @@ def missing_runs_report(runs: list[GeneratedRun], history: list[Consumed],
     return "\n".join([*lines, "worker counts:", *counts])
 
 
+def restarted_workers(namespace: Namespace, tmp_path: Path, names: tuple[str, str],
+                      session_timeout: str, transactions: str) -> tuple[Worker, Worker]:
+    """Two workers restarted when they exit without a commit, as deployments do,
+    serving the view with the same tokens."""
+    tokens = view_tokens_file(tmp_path)
+    first, second = (Worker(namespace, tmp_path, name=name, restarted=True,
+                            AGUI_SESSION_TIMEOUT_SECONDS=session_timeout,
+                            AGUI_TOKENS_FILE=tokens, AGUI_TRANSACTIONS=transactions)
+                     for name in names)
+    return first, second
+
+
 def closing_count(records: list[Consumed]) -> int:
     return sum(r.value["kind"] == "run" for r in records)
 
@@ -199,11 +211,8 @@ def test_second_worker_joining_and_leaving_changes_nothing(
     producer = BackgroundProducer(kafka_bootstrap, namespace.events, records[:half], batch=1_000)
     # A rebalance can fence a worker's partition producer (a stale owner's late
     # init); the worker then exits to be restarted, as its deployment would do.
-    tokens = view_tokens_file(tmp_path)
-    first, second = (Worker(namespace, tmp_path, name=name, restarted=True,
-                            AGUI_SESSION_TIMEOUT_SECONDS="10", AGUI_TOKENS_FILE=tokens,
-                            AGUI_TRANSACTIONS=transactions)
-                     for name in ("first", "second"))
+    first, second = restarted_workers(namespace, tmp_path, ("first", "second"), "10",
+                                      transactions)
     reader = TopicReader(kafka_bootstrap, namespace.history)
     producer.start()
     first.start()
@@ -297,11 +306,8 @@ def test_a_zombie_worker_continued_after_its_partitions_moved_publishes_nothing_
     namespace.create_topics()
     producer = BackgroundProducer(kafka_bootstrap, namespace.events, records, batch=250,
                                   seconds=40)
-    tokens = view_tokens_file(tmp_path)
-    zombie, successor = (Worker(namespace, tmp_path, name=name, restarted=True,
-                                AGUI_SESSION_TIMEOUT_SECONDS="6", AGUI_TOKENS_FILE=tokens,
-                                AGUI_TRANSACTIONS=transactions)
-                         for name in ("zombie", "successor"))
+    zombie, successor = restarted_workers(namespace, tmp_path, ("zombie", "successor"), "6",
+                                          transactions)
     reader = TopicReader(kafka_bootstrap, namespace.history)
     zombie.start()
     producer.start()
