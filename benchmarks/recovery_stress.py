@@ -81,7 +81,8 @@ def main() -> int:
         outcome = {}
         for name in chosen:
             test_id = tests[name].split("::", 1)[1]
-            passed = re.search(rf"^PASSED \S*::{re.escape(test_id)}\s*$", text, re.M)
+            # (XPASS: a test marked as a known failure that passed.)
+            passed = re.search(rf"^(PASSED|XPASS) \S*::{re.escape(test_id)}\b", text, re.M)
             outcome[name] = bool(passed)
             runs[name] += 1
             passes[name] += bool(passed)

