@@ -321,6 +321,11 @@ class Settings:
     def broker_url(self) -> str:
         return ";".join(f"kafka://{server}" for server in self.bootstrap_servers)
 
+    @property
+    def one_transaction_per_worker(self) -> bool:
+        """AGUI_TRANSACTIONS=worker, which only exactly_once has transactions for."""
+        return self.processing_guarantee == "exactly_once" and self.transactions == "worker"
+
 
 TENANT_SOURCES: Final = ("header", "token")
 

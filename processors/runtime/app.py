@@ -117,7 +117,7 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     (with per-tenant topics, which tenants' topics exist); `matched_inputs` the raw
     topics AGUI_INPUT_PATTERN matched at start."""
     app: AdaptedApp = faust_app(settings)
-    if settings.processing_guarantee == "exactly_once" and settings.transactions == "worker":
+    if settings.one_transaction_per_worker:
         app.worker_transactional_id = worker_transactional_id(settings.app_id,
                                                               settings.group_instance_id)
         log.warning("AGUI_TRANSACTIONS=worker is experimental: a known bug lost runs in a"

@@ -126,7 +126,7 @@ async def connection_problem(settings: Settings) -> str | None:
             reasons.append(describe_connection_error(error, settings, host, port))
             continue
         connection.close()
-        if settings.processing_guarantee == "exactly_once" and settings.transactions == "worker":
+        if settings.one_transaction_per_worker:
             return missing_group_fencing(connection._versions)
         return None
     return reasons[0] if reasons else "KAFKA_BOOTSTRAP_SERVERS names no server"
