@@ -154,7 +154,7 @@ def create_app(settings: Settings, metrics: Metrics, tokens: TenantTokens | None
     for topic, limit in (topic_limits or {}).items():
         builder.set_topic_limit(topic, limit)
     if routing is not None:
-        routing.learn(topic_limits or {})
+        routing.learn(topic_limits or {}, {})  # (nothing fetched yet)
     processor = RecordProcessor(
         builder, metrics, StoredTables(tables[STATE_TABLE], tables[TEXT_TABLE]),
         tenant_header=settings.tenant_header, default_tenant=settings.default_tenant,

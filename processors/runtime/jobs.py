@@ -44,8 +44,10 @@ log = logging.getLogger("agui_stream")
 # aiohttp takes the charset separately; Prometheus' text format is UTF-8 anyway.
 _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.split(";")[0]
 
-# The least time between two look-ups of tenants' topics outside the refresh: a
-# producer naming a new tenant in every record cannot make every record wait for one.
+# The least time between two look-ups of tenants' topics outside the refresh. A
+# record that needs one waits for it, but a look-up settles every record fetched
+# before it began: a producer naming a new tenant in every record makes the worker
+# wait at most this long per look-up, with a fetch's worth of records behind it.
 TOPIC_LOOKUP_SECONDS: Final = 1.0
 
 # Input records not processed yet from which a worker counts as draining a backlog
@@ -72,6 +74,7 @@ class WorkerJobs:
         self.own_topics = frozenset((self.ticks, settings.history_topic))
         self.routing = processor.builder.routing
         self.last_lookup = -TOPIC_LOOKUP_SECONDS
+        self.listing = asyncio.Lock()  # a look-up and the refresh, one at a time
         # Any topic of the agent's group gives a partition's transactional id: the
         # ticks', always read (with AGUI_INPUT_PATTERN no named input may be).
         self.group_topic = self.ticks
@@ -119,15 +122,24 @@ class WorkerJobs:
         (up to the partitions' ends as last fetched). A worker keeping up with its
         input is a fetch or so behind; its queue alone says little, filling and
         emptying with every fetch."""
-        consumer = self.app.consumer
         behind = 0
+        for place, end in self.written_ends().items():
+            done = self.processor.processed_offset(*place)
+            if done is not None:
+                behind += max(0, end - done)
+        return behind >= BACKLOG_RECORDS
+
+    def written_ends(self) -> dict[tuple[str, int], int]:
+        """Each assigned input partition's end as last fetched (its high watermark: every
+        record below it had been written by then); those not fetched yet are left out."""
+        consumer = self.app.consumer
+        ends = {}
         for tp in consumer.assignment():
             if self.is_input(tp.topic):
                 end = consumer.highwater(tp)
-                done = self.processor.processed_offset(tp.topic, tp.partition)
-                if end is not None and done is not None:
-                    behind += max(0, end - done)
-        return behind >= BACKLOG_RECORDS
+                if end is not None:
+                    ends[(tp.topic, tp.partition)] = end
+        return ends
 
     async def process(self, stream: Any) -> None:
         """The agent of the input topics and the idle ticks."""
@@ -140,26 +152,36 @@ class WorkerJobs:
     def prepare(self, event: Any) -> Awaitable[None] | None:
         """Per-tenant topics: before a record of a tenant whose topics were not there
         at the last refresh, look once more (an administrator may just have created
-        them), so that its run is not taken for unpublishable. None: nothing to wait
-        for."""
+        them), so that its run is not taken for unpublishable, unless a listing made
+        since the record was written said so already (`TenantRouting.needs_look_up`).
+        None: nothing to wait for."""
         assert self.routing is not None
         message = event.message
         if message.topic == self.ticks:
             return None
         tenant = self.processor.tenant(header_list(message.headers))
-        if self.routing.settled(tenant) or (
-                time.monotonic() - self.last_lookup < TOPIC_LOOKUP_SECONDS):
+        if not self.routing.needs_look_up(tenant, (message.topic, message.partition),
+                                          message.offset):
             return None
-        self.last_lookup = time.monotonic()
         return self.look_up_tenant_topics(tenant)
 
     async def look_up_tenant_topics(self, tenant: str) -> None:
+        """List the topics, `TOPIC_LOOKUP_SECONDS` after the last look-up at the
+        earliest. Waited for, never skipped: a tenant provisioned just before its
+        first record came within a second of another tenant's look-up, and all its
+        runs were dead-lettered as `tenant_topic_missing`."""
         assert self.routing is not None
-        try:
-            self.routing.looked_up(tenant, await self.producer.topic_names())
-        except Exception as error:  # the record goes on: its topics count as missing
-            log_exception_kind(log, logging.WARNING, "could not look up a tenant's topics",
-                               error)
+        await asyncio.sleep(max(0.0, self.last_lookup + TOPIC_LOOKUP_SECONDS - time.monotonic()))
+        async with self.listing:
+            self.last_lookup = time.monotonic()
+            written = self.written_ends()
+            try:
+                names = await self.producer.topic_names()
+            except Exception as error:  # the record goes on: its topics count as missing
+                log_exception_kind(log, logging.WARNING, "could not look up a tenant's topics",
+                                   error)
+                return
+            self.routing.looked_up(tenant, names, written)
 
     # --- the commit -----------------------------------------------------------------
 
@@ -226,12 +248,16 @@ class WorkerJobs:
         change a topic's max.message.bytes), so that every record built fits; with
         per-tenant topics, which tenants' topics exist."""
         try:
-            existing = await existing_topics(self.settings)
-            limits = await output_limits(self.settings, existing)
-            for topic, limit in limits.items():
-                self.processor.builder.set_topic_limit(topic, limit)
-            if self.routing is not None:
-                self.routing.learn(limits)
+            # Not while a look-up for a tenant runs: its answer, newer than this
+            # listing, would be overwritten by it.
+            async with self.listing:
+                written = self.written_ends()
+                existing = await existing_topics(self.settings)
+                limits = await output_limits(self.settings, existing)
+                for topic, limit in limits.items():
+                    self.processor.builder.set_topic_limit(topic, limit)
+                if self.routing is not None:
+                    self.routing.learn(limits, written)
             if self.settings.input_pattern is not None or self.routing is not None:
                 self.note_unread_topics(existing)
         except Exception as error:  # an exception in a Faust timer would crash the worker

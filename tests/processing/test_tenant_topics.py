@@ -16,7 +16,7 @@ from processors.engine.codes import FailureCode, Outcome, WarningCode
 from processors.engine.decisions import Concluded, Failed, HistoryEntry, RunIdentity, Step
 from processors.metrics import Metrics
 from processors.processing.outputs import Incoming, OutputBuilder
-from processors.processing.routing import TenantRouting
+from processors.processing.routing import CHECKED_TENANTS, TenantRouting
 from topics.tenant_topics import MAX_TOPIC_CHARS, Template, encode_tenant
 
 HISTORY = Template("agui.history.{tenant}")
@@ -88,7 +88,7 @@ ENCRYPTED = {"id": "m", "role": "reasoning", "content": "", "encryptedValue": "x
 
 def builder(*existing: str) -> tuple[OutputBuilder, Metrics]:
     routing = TenantRouting(HISTORY, DEADLETTER)
-    routing.learn(existing)
+    routing.learn(existing, {})
     metrics = Metrics()
     return OutputBuilder("agui.history", "agui.deadletter", 1_000_000, metrics, routing), metrics
 
@@ -137,12 +137,44 @@ def test_a_tenant_too_long_for_a_topic_is_not_routable() -> None:
 
 def test_a_look_up_settles_a_tenant_until_the_next_refresh() -> None:
     routing = TenantRouting(HISTORY, DEADLETTER)
-    routing.learn(["agui.history.acme", "agui.deadletter.acme", "unrelated"])
+    routing.learn(["agui.history.acme", "agui.deadletter.acme", "unrelated"], {})
     assert routing.existing == {"agui.history.acme", "agui.deadletter.acme"}
     assert routing.settled("acme") and not routing.settled("globex")
     assert routing.settled("x" * 300)  # no name can give its topics: nothing to look up
-    routing.looked_up("globex", ["agui.history.globex"])
+    routing.looked_up("globex", ["agui.history.globex"], {})
     assert routing.settled("globex") and routing.missing("globex") == [
         "agui.deadletter.globex"]
-    routing.learn(["agui.history.globex", "agui.deadletter.globex"])
+    routing.learn(["agui.history.globex", "agui.deadletter.globex"], {})
     assert routing.settled("globex") and not routing.missing("globex")
+
+
+def test_a_record_written_after_the_last_listing_needs_a_look_up() -> None:
+    """An administrator provisions a tenant before its producer sends: a listing begun
+    after a record was written has the tenant's topics if they exist, and one begun
+    before may not (the tenant provisioned a moment after it)."""
+    routing = TenantRouting(HISTORY, DEADLETTER)
+    routing.learn(["agui.history.acme", "agui.deadletter.acme"], {("agui.events", 0): 10})
+    assert not routing.needs_look_up("acme", ("agui.events", 0), 50)  # its topics exist
+    assert routing.needs_look_up("hooli", ("agui.events", 0), 10)  # written after
+    assert routing.needs_look_up("hooli", ("agui.events", 1), 0)  # partition never listed
+    assert not routing.settled("hooli")  # asking does not settle it
+    assert not routing.needs_look_up("initech", ("agui.events", 0), 9)  # written before
+    assert routing.settled("initech") and routing.missing("initech")
+    routing.looked_up("hooli", ["agui.history.hooli", "agui.deadletter.hooli"],
+                      {("agui.events", 0): 40, ("agui.events", 1): 7})
+    assert not routing.missing("hooli")
+    assert not routing.needs_look_up("umbrella", ("agui.events", 1), 6)
+    assert routing.needs_look_up("stark", ("agui.events", 1), 7)
+    # A refresh forgets what was checked, not how far the listings reached.
+    routing.learn(["agui.history.acme", "agui.deadletter.acme"], {("agui.events", 1): 9})
+    assert routing.missing("hooli") and not routing.settled("initech")
+    assert not routing.needs_look_up("initech", ("agui.events", 0), 39)
+
+
+def test_the_tenants_checked_without_their_topics_are_bounded() -> None:
+    routing = TenantRouting(HISTORY, DEADLETTER)
+    routing.learn([], {("agui.events", 0): CHECKED_TENANTS + 2})
+    for offset in range(CHECKED_TENANTS + 1):
+        assert not routing.needs_look_up(f"t{offset}", ("agui.events", 0), offset)
+    assert not routing.settled("t0")  # the oldest dropped: checked again when it comes
+    assert routing.settled("t1") and routing.settled(f"t{CHECKED_TENANTS}")
