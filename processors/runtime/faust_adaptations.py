@@ -155,6 +155,10 @@ _FETCH_POLL_SECONDS: Final = 0.1
 # since the last one (`WholeRecordConsumer._commit_handler`).
 BACKLOG_COMMIT_INTERVALS: Final = 5
 
+# How often Faust's livelock detector walks the assigned partitions: 2.5 times its own
+# default commit interval (2.8 s), whatever the worker's (`_commit_livelock_detector`).
+LIVELOCK_CHECK_SECONDS: Final = 7.0
+
 # How long the broker holds a fetch that finds no records (Faust: 1.5 s; aiokafka's own
 # default is 0.5 s). An idle worker sends about ten empty fetches a second.
 FETCH_MAX_WAIT_MS: Final = 100
@@ -485,6 +489,19 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
             began = monotonic()
             await self.commit()
             start = max(min(start, began) + interval, monotonic())
+
+    @Service.task
+    async def _commit_livelock_detector(self) -> None:
+        """Faust checks every assigned partition's event path (it only logs what it
+        finds) every 2.5 commit intervals: at the worker's 100 ms commits, four times a
+        second, a walk over every partition with a loop turn each (4 % of a worker
+        holding 128 input partitions: py-spy). Here it runs every
+        `LIVELOCK_CHECK_SECONDS`, as at Faust's default interval; the worker's own
+        liveness (/livez) watches its partitions. Proof: service_bench.py --partitions 128."""
+        await self.sleep(LIVELOCK_CHECK_SECONDS)
+        async for _sleep_time in self.itertimer(LIVELOCK_CHECK_SECONDS, name="livelock"):
+            if not self.app.rebalancing:
+                await self.verify_all_partitions_active()
 
     def commit_soon(self) -> None:
         """Start the next commit early (see `_commit_handler`)."""

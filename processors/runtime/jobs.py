@@ -53,6 +53,9 @@ TOPIC_LOOKUP_SECONDS: Final = 1.0
 # Input records not processed yet from which a worker counts as draining a backlog
 # (about a fifth of a second of its work).
 BACKLOG_RECORDS: Final = 2_048
+# How long an answer of `backlogged` stands: it is asked at every run's end, and
+# over 128 partitions a sum over them all at each was a fifth of the worker's time.
+BACKLOG_CHECK_SECONDS: Final = 0.01
 
 
 class WorkerJobs:
@@ -85,6 +88,11 @@ class WorkerJobs:
         # What each partition's records produced since the last commit.
         self.unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
         self.agent_streams: list[Any] = []  # (liveness: records queued for the agent)
+        # The assigned input partitions, read again after each rebalance: Faust's
+        # `assignment()` builds a new set of every partition assigned at each call.
+        self._inputs: list[Any] | None = None
+        self._backlog_checked = -BACKLOG_CHECK_SECONDS
+        self._backlogged = False
         self.assigned_once = False
         self.checked_topics: set[str] = set()  # topics whose partition count was checked
 
@@ -119,26 +127,36 @@ class WorkerJobs:
 
     def backlogged(self) -> bool:
         """Draining a backlog: `BACKLOG_RECORDS` or more input records not processed yet
-        (up to the partitions' ends as last fetched). A worker keeping up with its
-        input is a fetch or so behind; its queue alone says little, filling and
-        emptying with every fetch."""
-        behind = 0
-        for place, end in self.written_ends().items():
-            done = self.processor.processed_offset(*place)
-            if done is not None:
-                behind += max(0, end - done)
-        return behind >= BACKLOG_RECORDS
+        (up to the partitions' ends as last fetched), as counted at most
+        `BACKLOG_CHECK_SECONDS` ago. A worker keeping up with its input is a fetch or
+        so behind; its queue alone says little, filling and emptying with every fetch."""
+        now = time.monotonic()
+        if now - self._backlog_checked >= BACKLOG_CHECK_SECONDS:
+            self._backlog_checked = now
+            behind = 0
+            for place, end in self.written_ends().items():
+                done = self.processor.processed_offset(*place)
+                if done is not None:
+                    behind += max(0, end - done)
+            self._backlogged = behind >= BACKLOG_RECORDS
+        return self._backlogged
+
+    def input_assignment(self) -> list[Any]:
+        """The input partitions assigned to the worker."""
+        if self._inputs is None:
+            self._inputs = [tp for tp in self.app.consumer.assignment()
+                            if self.is_input(tp.topic)]
+        return self._inputs
 
     def written_ends(self) -> dict[tuple[str, int], int]:
         """Each assigned input partition's end as last fetched (its high watermark: every
         record below it had been written by then); those not fetched yet are left out."""
-        consumer = self.app.consumer
+        highwater = self.app.consumer.highwater
         ends = {}
-        for tp in consumer.assignment():
-            if self.is_input(tp.topic):
-                end = consumer.highwater(tp)
-                if end is not None:
-                    ends[(tp.topic, tp.partition)] = end
+        for tp in self.input_assignment():
+            end = highwater(tp)
+            if end is not None:
+                ends[(tp.topic, tp.partition)] = end
         return ends
 
     async def process(self, stream: Any) -> None:
@@ -292,12 +310,14 @@ class WorkerJobs:
 
     async def on_partitions_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         # Committed first (WholeRecordConsumer); anything since is processed again.
+        self._inputs = None
         self.unsent.clear()
         self.processor.forget()
         self.view.forget()
 
     async def on_partitions_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
         self.assigned_once = True
+        self._inputs = None
         self.liveness.partitions_moved(time.monotonic())
         self.refuse_foreign_partition_counts(assigned)
 

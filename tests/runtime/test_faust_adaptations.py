@@ -26,6 +26,7 @@ from processors.runtime.app import PARTITION_FETCH_BYTES, create_app, faust_app
 from processors.runtime.faust_adaptations import (
     AGENT_TURN_SECONDS,
     FETCH_MAX_WAIT_MS,
+    LIVELOCK_CHECK_SECONDS,
     AdaptedApp,
     BatchedRecovery,
     CachedKeyPartitioner,
@@ -777,3 +778,29 @@ def test_each_rocksdb_table_uses_the_memory_it_is_given(tmp_path: Any) -> None:
                 options.max_write_buffer_number) == (8 * 2**20, 4 * 2**20, 2)
         store._open_for_partition(0)  # RocksDB takes them
         asyncio.run(store.stop())
+
+
+def test_faust_s_livelock_detector_keeps_its_own_pace_whatever_the_commit_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Faust walks every assigned partition every 2.5 commit intervals: at 100 ms
+    commits four times a second, 4 % of a worker holding 128 input partitions."""
+    waits: list[float] = []
+
+    class Enough(Exception):
+        pass
+
+    async def scenario() -> None:
+        consumer = await _consumer()
+        consumer.commit_interval = 0.1
+
+        async def sleep(seconds: float) -> None:
+            waits.append(seconds)
+            raise Enough
+
+        monkeypatch.setattr(consumer, "sleep", sleep)
+        with pytest.raises(Enough):
+            await WholeRecordConsumer._commit_livelock_detector.fun(consumer)
+
+    asyncio.run(scenario())
+    assert waits == [LIVELOCK_CHECK_SECONDS]

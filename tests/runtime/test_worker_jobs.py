@@ -307,3 +307,34 @@ def test_a_tenant_s_first_record_waits_for_a_look_up_begun_after_it_was_written(
                    for offset in range(13, 1_000))
     assert listing.calls == 3
     assert prepared(jobs, tenant_event("t1000", 1_000))  # written after that look-up
+
+
+def test_the_backlog_is_counted_once_per_interval_over_partitions_read_once_per_assignment(
+        monkeypatch: Any) -> None:
+    """A run's end asks whether a backlog drains; summing every assigned partition's
+    lag at each, through Faust's `assignment()` (a new set of every partition at each
+    call), took a fifth of a worker holding 128 input partitions."""
+    app = app_stand_in()
+    assignment = app.consumer.assignment
+    reads: list[None] = []
+
+    def counted() -> Any:
+        reads.append(None)
+        return assignment()
+
+    app.consumer.assignment = counted
+    app.consumer.highwater = lambda tp: 5_000
+    clock = [100.0]
+    monkeypatch.setattr(jobs_module.time, "monotonic", lambda: clock[0])
+    jobs = jobs_for(app)
+    for key in range(20):  # twenty runs end within the same instant
+        feed_run(jobs, 2, f"run-{key}".encode())
+    assert jobs.backlogged() and len(reads) == 1
+    app.consumer.highwater = lambda tp: None  # caught up: said once the interval passed
+    assert jobs.backlogged()
+    clock[0] += jobs_module.BACKLOG_CHECK_SECONDS
+    assert not jobs.backlogged() and len(reads) == 1
+    asyncio.run(jobs.on_partitions_assigned(None, set()))
+    clock[0] += jobs_module.BACKLOG_CHECK_SECONDS
+    jobs.backlogged()
+    assert len(reads) == 2  # a new assignment is read again
