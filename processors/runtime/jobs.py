@@ -133,13 +133,20 @@ class WorkerJobs:
         now = time.monotonic()
         if now - self._backlog_checked >= BACKLOG_CHECK_SECONDS:
             self._backlog_checked = now
-            behind = 0
-            for place, end in self.written_ends().items():
-                done = self.processor.processed_offset(*place)
-                if done is not None:
-                    behind += max(0, end - done)
-            self._backlogged = behind >= BACKLOG_RECORDS
+            self._backlogged = self._records_behind_reach(BACKLOG_RECORDS)
         return self._backlogged
+
+    def _records_behind_reach(self, records: int) -> bool:
+        """Whether the input records not processed yet number `records` or more."""
+        highwater, processed = self.app.consumer.highwater, self.processor.processed_offset
+        behind = 0
+        for tp in self.input_assignment():
+            end, done = highwater(tp), processed(tp.topic, tp.partition)
+            if end is not None and done is not None:
+                behind += max(0, end - done)
+                if behind >= records:
+                    return True
+        return False
 
     def input_assignment(self) -> list[Any]:
         """The input partitions assigned to the worker."""
