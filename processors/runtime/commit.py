@@ -74,8 +74,8 @@ class WorkerCommitBatch:
                  tables: dict[str, WriteBehindTable], app: AdaptedApp,
                  processor: RecordProcessor, view: ThreadView,
                  replay_starts: dict[tuple[str, int], int]) -> None:
-        """`replay_starts`: per input (topic, partition), the offset its committed
-        offset may reach (`RecordProcessor.replay_starts`)."""
+        """`replay_starts`: per assigned input (topic, partition), the offset its
+        committed offset may reach (`RecordProcessor.replay_starts`)."""
         self.parts = parts
         self.replay_starts = replay_starts
         self.producer = producer
@@ -126,10 +126,7 @@ class WorkerCommitBatch:
         an offset: a transaction commits only with offsets."""
         offsets = dict(acked)
         writes = {part.partition for part in self.parts}
-        assigned = {(tp.topic, tp.partition) for tp in self.app.consumer.assignment()}
         for place, start in self.replay_starts.items():
-            if place not in assigned:  # revoked: committed by no one here
-                continue
             # aiokafka's own type, the only one its transactions take (equal to Faust's
             # TP of the same partition, so `offsets` holds one entry per partition).
             tp = TopicPartition(*place)
@@ -142,9 +139,11 @@ class WorkerCommitBatch:
 
     async def apply(self) -> None:
         """Apply the committed state changes to the local stores, as recovery would."""
-        assigned = {tp.partition for tp in self.app.consumer.assignment()}
         # Faust's stores read only what _SentEntry has of an event.
         entries: dict[str, list[Any]] = {name: [] for name in self.tables}
+        # (Faust's assignment() builds a set of every partition assigned: only when
+        # there is something to apply.)
+        assigned = {tp.partition for tp in self.app.consumer.assignment()} if self._sent else set()
         for change, (delivery, place) in self._sent:
             batch = self._delivered[delivery]
             if batch.partition in assigned:

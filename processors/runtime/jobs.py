@@ -226,8 +226,12 @@ class WorkerJobs:
                        + self.view.changes(partition))
             if outgoing or changes:
                 parts.append(PartitionBatch(partition, transaction, outgoing, changes))
+        assigned = {(tp.topic, tp.partition) for tp in self.input_assignment()}
+        # (A revoked partition's offsets are committed by no one here.)
+        starts = {place: start for place, start in self.processor.replay_starts().items()
+                  if place in assigned}
         return WorkerCommitBatch(parts, self.producer, self.tables, self.app,
-                                 self.processor, self.view, self.processor.replay_starts())
+                                 self.processor, self.view, starts)
 
     def observe_commit(self, phase: str, seconds: float) -> None:
         self.metrics.commit_seconds.labels(phase).observe(seconds)

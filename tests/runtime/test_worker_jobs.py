@@ -167,6 +167,14 @@ def test_a_commit_takes_no_offset_past_a_record_its_state_does_not_cover() -> No
         TP("events", 2): 8}
 
 
+def test_a_commit_takes_no_replay_start_of_a_partition_no_longer_assigned() -> None:
+    app = app_stand_in()
+    jobs = jobs_for(app)
+    feed_run(jobs, 1, b"run-1")
+    feed_run(jobs, 3, b"run-3")  # a partition this worker does not hold (any more)
+    assert jobs.take_commit().offsets_to_commit({}, {}) == {TP("events", 1): 5}
+
+
 def test_consumer_lag_counts_from_the_last_record_processed_not_the_commit() -> None:
     """A commit's offset may stay a checkpoint behind what was processed: the lag
     gauge would count that as lag (and the lag alert fire under normal load)."""
