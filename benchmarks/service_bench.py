@@ -375,6 +375,7 @@ class WorkerRun:
     name: str
     events: Rate  # until agui_events_total reaches N
     committed: Rate  # until every closing record is visible to read_committed
+    steady: Rate  # from a tenth of the events processed until agui_events_total = N
     p99: str
     finished: int
     deadletters: float
@@ -396,6 +397,9 @@ async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
         await consumer.seek_to_beginning(*tps)
         clock: float | None = None
         first = 0
+        # Past the start's ramp (at 128 partitions a few seconds of seeks and first
+        # fetches): where the steady rate is counted from.
+        tenth: tuple[float, int] | None = None
         events_done: float | None = None
         closing = finished = 0
         deadline = time.monotonic() + 600
@@ -422,6 +426,8 @@ async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
                 if clock is None and processed > 0:
                     clock, first = now, processed
                     cpu_start = cpu_seconds(pid)
+                if tenth is None and processed >= total // 10:
+                    tenth = now, processed
                 if processed >= total:
                     events_done = now
                     cpu_end = cpu_seconds(pid)
@@ -433,12 +439,13 @@ async def _time_worker(worker: Worker, bootstrap: str, history: str, total: int,
                         closing += 1
                         finished += record.get("outcome") == "success"
         committed_done = time.perf_counter()
-        assert clock is not None and events_done is not None
+        assert clock is not None and events_done is not None and tenth is not None
         scraped = await asyncio.to_thread(worker.metrics)
         return WorkerRun(
             name,
             Rate(name, total - first, events_done - clock, events_done - started),
             Rate(name, total - first, committed_done - clock, committed_done - started),
+            Rate(name, total - tenth[1], events_done - tenth[0], events_done - started),
             latency_p99(scraped), finished,
             metric_value(scraped, "agui_deadletter_records_total"),
             (cpu_end - cpu_start) / max(1e-9, events_done - clock),
@@ -482,6 +489,8 @@ def print_worker(result: WorkerRun, runs: int, guarantee: str, store: str,
           f"({result.events.seconds:.2f} s) {note}")
     print(f"  {'':48} {result.committed.per_second:>9,.0f} events/s until all "
           f"{runs:,} closing records read_committed ({result.committed.seconds:.2f} s)")
+    print(f"  {'':48} {result.steady.per_second:>9,.0f} events/s steady (from a tenth of"
+          f" the events processed to all)")
     print(f"  {'':48} runs finished {result.finished:,}/{runs:,}, dead letters "
           f"{result.deadletters:g}, processing latency p99 {result.p99}, worker CPU "
           f"{result.cpu:.0%} of a core (start to done incl. recovery "
@@ -540,7 +549,8 @@ def part_throughput(bootstrap: str, log_dir: Path, workers: list[Worker], prefix
         rounds.append((stock, adapted, worker))
         print(f"  round {number}: stock floor {stock.per_second:,.0f}, adapted floor "
               f"{adapted.per_second:,.0f}, worker {worker.events.per_second:,.0f} events/s"
-              f" (worker / stock floor {worker.events.per_second / stock.per_second:.2f})")
+              f" (worker / stock floor {worker.events.per_second / stock.per_second:.2f};"
+              f" worker steady {worker.steady.per_second:,.0f})")
     median_stock = _median_rate([r[0] for r in rounds])
     median_adapted = _median_rate([r[1] for r in rounds])
     baselines += [median_stock, median_adapted]

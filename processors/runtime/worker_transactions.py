@@ -348,6 +348,11 @@ class WorkerTransactionManager(TransactionManager):
 LATEST = -1  # ListOffsets: the partition's end
 READ_UNCOMMITTED = 0
 OPEN_TRANSACTION_POLL_SECONDS = 0.1
+# How long the written ends are asked again while a partition has no leader yet (a
+# changelog the worker just created) or its leader moved, as aiokafka's own offset
+# requests are; then the recovery fails (and the worker exits without a commit).
+WRITTEN_ENDS_SECONDS = 30.0
+WRITTEN_ENDS_RETRY_SECONDS = 0.1
 
 
 async def stable_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP],
@@ -381,14 +386,30 @@ async def stable_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP],
 async def _written_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP],
                         ) -> dict[TP, int]:
     """Each partition's end as written (its high watermark: read_uncommitted), asked
-    of its leader with aiokafka's ListOffsets request."""
+    of its leader with aiokafka's ListOffsets request; asked again, with the leaders
+    looked up again, after an error that passes (no leader yet, a leader moved): a
+    worker that had just created its changelogs crashed in recovery on
+    NotLeaderForPartition."""
     client = consumer._client
+    deadline = asyncio.get_running_loop().time() + WRITTEN_ENDS_SECONDS
+    while True:
+        try:
+            return await _ask_written_ends(client, partitions)
+        except KafkaError as error:
+            if not error.retriable or asyncio.get_running_loop().time() >= deadline:
+                raise
+        await client.force_metadata_update()
+        await asyncio.sleep(WRITTEN_ENDS_RETRY_SECONDS)
+
+
+async def _ask_written_ends(client: Any, partitions: list[TP]) -> dict[TP, int]:
     by_leader: dict[int, dict[str, list[tuple[int, int]]]] = collections.defaultdict(
         lambda: collections.defaultdict(list))
     for tp in partitions:
         leader = client.cluster.leader_for_partition(tp)
         if leader is None or leader < 0:
-            raise KafkaError(f"no leader known for {tp.topic}[{tp.partition}]")
+            raise errors.LeaderNotAvailableError(
+                f"no leader known for {tp.topic}[{tp.partition}]")
         by_leader[leader][tp.topic].append((tp.partition, LATEST))
     ends: dict[TP, int] = {}
     for leader, topics in by_leader.items():

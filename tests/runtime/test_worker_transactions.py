@@ -8,10 +8,13 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, NotLeaderForPartitionError
+from faust.types import TP
 
 from processors.runtime.worker_transactions import (
     GroupMember,
@@ -199,3 +202,32 @@ def test_recovery_ends_only_once_an_earlier_owner_s_open_transaction_has_ended(
     assert stalled == 0
     assert waited
     assert end == 4
+
+
+def test_recovery_asks_the_written_ends_again_while_a_partition_has_no_leader() -> None:
+    """A worker that had just created its changelogs crashed in recovery: the
+    partitions' leaders were not elected yet (NotLeaderForPartition). The written
+    ends are asked again, with the leaders looked up again, as aiokafka's own offset
+    requests are."""
+    tp = TP("changelog", 0)
+    leaders = [None, 1, 1]  # no leader known yet, then one that has not taken over
+    answers = [NotLeaderForPartitionError.errno, 0]
+    updates: list[None] = []
+
+    class Client:
+        cluster = SimpleNamespace(leader_for_partition=lambda _tp: leaders.pop(0))
+
+        async def force_metadata_update(self) -> None:
+            updates.append(None)
+
+        async def send(self, node: int, request: Any) -> Any:
+            code = answers.pop(0)
+            return SimpleNamespace(topics=[("changelog", [(0, code, -1, 42)])])
+
+        async def end_offsets(self, partitions: list[TP]) -> dict[TP, int]:
+            return {tp: 42}
+
+    consumer: Any = SimpleNamespace(_client=Client())
+    consumer.end_offsets = consumer._client.end_offsets
+    assert asyncio.run(stable_ends(consumer, [tp])) == {tp: 42}
+    assert len(updates) == 2 and not leaders and not answers
