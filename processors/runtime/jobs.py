@@ -88,9 +88,11 @@ class WorkerJobs:
         # What each partition's records produced since the last commit.
         self.unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
         self.agent_streams: list[Any] = []  # (liveness: records queued for the agent)
-        # The assigned input partitions, read again after each rebalance: Faust's
-        # `assignment()` builds a new set of every partition assigned at each call.
+        # The assigned input partitions and the group generation they were read in,
+        # read again after each rebalance: Faust's `assignment()` builds a new set of
+        # every partition assigned at each call.
         self._inputs: list[Any] | None = None
+        self._inputs_generation: int | None = None
         self._backlog_checked = -BACKLOG_CHECK_SECONDS
         self._backlogged = False
         self.assigned_once = False
@@ -149,8 +151,12 @@ class WorkerJobs:
         return False
 
     def input_assignment(self) -> list[Any]:
-        """The input partitions assigned to the worker."""
-        if self._inputs is None:
+        """The input partitions assigned to the worker (read again once the group's
+        generation moved, even before the rebalance callbacks ran: a commit must never
+        take a partition's offsets by an older assignment)."""
+        generation = self.app.consumer_generation_id
+        if self._inputs is None or generation != self._inputs_generation:
+            self._inputs_generation = generation
             self._inputs = [tp for tp in self.app.consumer.assignment()
                             if self.is_input(tp.topic)]
         return self._inputs

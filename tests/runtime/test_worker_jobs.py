@@ -62,7 +62,7 @@ def app_stand_in(**flags: Any) -> Any:
         early_commits=early_commits, commit_soon=lambda: early_commits.append(None),
         tables=SimpleNamespace(changelog_topics={"agui-run-state-changelog"}),
         in_transaction=False, should_stop=False, rebalancing=False, in_recovery=False,
-        **flags)
+        consumer_generation_id=1, **flags)
 
 
 def jobs_for(app: Any, metrics: Metrics | None = None, checkpoint_seconds: float = 0.0,
@@ -346,3 +346,7 @@ def test_the_backlog_is_counted_once_per_interval_over_partitions_read_once_per_
     clock[0] += jobs_module.BACKLOG_CHECK_SECONDS
     jobs.backlogged()
     assert len(reads) == 2  # a new assignment is read again
+    app.consumer_generation_id += 1  # and a new generation, before any callback
+    clock[0] += jobs_module.BACKLOG_CHECK_SECONDS
+    jobs.backlogged()
+    assert len(reads) == 3
