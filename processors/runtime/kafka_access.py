@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from aiokafka import errors
 from aiokafka.admin import AIOKafkaAdminClient
@@ -43,6 +42,7 @@ from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
 from processors.config import Settings
 from processors.runtime.kafka_client import aiokafka_options
+from processors.runtime.kafka_retries import until_settled
 from processors.runtime.topic_admin import (
     TopicsNotCreated,
     checked_topics,
@@ -55,7 +55,6 @@ from processors.runtime.worker_transactions import missing_group_fencing
 from topics.acls import Acl, Layout, Operation, Pattern, Resource, kafka_acls_commands
 from topics.acls import worker_acls as layout_acls
 
-T = TypeVar("T")
 CONNECT_TIMEOUT_MS = 10_000
 COORDINATOR_WAIT_SECONDS = 30.0
 ACCESS_CHECK_SUFFIX = "access-check"
@@ -350,25 +349,11 @@ async def _topic_operations(admin: AIOKafkaAdminClient,
     return {topic[1]: (topic[0], topic[4]) for topic in response.topics}
 
 
-async def _until_settled(attempt: Callable[[], Awaitable[T]]) -> T:
-    """`attempt()`, again while it fails with an error Kafka calls retriable: on a new
-    cluster the coordinators' topics are still being created and loaded. Bounded."""
-    deadline = asyncio.get_running_loop().time() + COORDINATOR_WAIT_SECONDS
-    pause = 0.1
-    while True:
-        try:
-            return await attempt()
-        except errors.KafkaError as error:
-            if not error.retriable or asyncio.get_running_loop().time() > deadline:
-                raise
-        await asyncio.sleep(pause)  # the broker is creating or loading a coordinator
-        pause = min(pause * 2, 1.0)
-
-
 async def _coordinator(admin: AIOKafkaAdminClient, key: str, kind: int) -> int:
     """The coordinator of a group (`kind` 0) or transactional id (1)."""
-    return await _until_settled(
-        lambda: admin.find_coordinator(key, coordinator_type=kind))
+    # (On a new cluster the coordinators' topics are still being created and loaded.)
+    return await until_settled(
+        lambda: admin.find_coordinator(key, coordinator_type=kind), COORDINATOR_WAIT_SECONDS)
 
 
 async def _group_allows(admin: AIOKafkaAdminClient, acl: Acl) -> bool:
@@ -385,7 +370,7 @@ async def _group_allows(admin: AIOKafkaAdminClient, acl: Acl) -> bool:
             raise errors.for_code(error_code)()
         return bool(operations >> acl.operation & 1)
 
-    return await _until_settled(attempt)
+    return await until_settled(attempt, COORDINATOR_WAIT_SECONDS)
 
 
 async def _may_write_transactions(admin: AIOKafkaAdminClient, settings: Settings) -> bool:

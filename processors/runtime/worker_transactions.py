@@ -65,6 +65,7 @@ from faust.transport.consumer import TransactionManager
 from faust.types import TP
 
 from processors.runtime.exits import stop_without_commit
+from processors.runtime.kafka_retries import until_settled
 
 log = logging.getLogger("agui_stream")
 
@@ -352,7 +353,6 @@ OPEN_TRANSACTION_POLL_SECONDS = 0.1
 # changelog the worker just created) or its leader moved, as aiokafka's own offset
 # requests are; then the recovery fails (and the worker exits without a commit).
 WRITTEN_ENDS_SECONDS = 30.0
-WRITTEN_ENDS_RETRY_SECONDS = 0.1
 
 
 async def stable_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP],
@@ -391,15 +391,8 @@ async def _written_ends(consumer: aiokafka.AIOKafkaConsumer, partitions: list[TP
     worker that had just created its changelogs crashed in recovery on
     NotLeaderForPartition."""
     client = consumer._client
-    deadline = asyncio.get_running_loop().time() + WRITTEN_ENDS_SECONDS
-    while True:
-        try:
-            return await _ask_written_ends(client, partitions)
-        except KafkaError as error:
-            if not error.retriable or asyncio.get_running_loop().time() >= deadline:
-                raise
-        await client.force_metadata_update()
-        await asyncio.sleep(WRITTEN_ENDS_RETRY_SECONDS)
+    return await until_settled(lambda: _ask_written_ends(client, partitions),
+                               WRITTEN_ENDS_SECONDS, between=client.force_metadata_update)
 
 
 async def _ask_written_ends(client: Any, partitions: list[TP]) -> dict[TP, int]:
