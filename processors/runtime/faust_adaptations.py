@@ -360,6 +360,12 @@ def resumed_coroutine(frame: Any) -> Any:
     return None
 
 
+def _client_assignment(client: aiokafka.AIOKafkaConsumer) -> Any:
+    """aiokafka's current assignment (a new object at every rebalance); None: none."""
+    subscription = client._subscription.subscription
+    return None if subscription is None else subscription.assignment
+
+
 class WholeRecordConsumer(faust_aiokafka.Consumer):
     """The consumer: commits cover whole records and carry the write-behind state."""
 
@@ -390,9 +396,49 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
         again, were skipped as replays; their outputs never existed). Here a stream
         partition stays paused until `perform_seek` has sought it.
         Proof: tests/runtime/test_faust_adaptations.py; the join/leave test and stress."""
+        tps = list(tps)
         held = {tp for tp in tps if tp in self._unsought}
         self._held |= held
         super().resume_partitions([tp for tp in tps if tp not in held])
+        self._pause_changelogs_in_client(tps, paused=False)
+
+    def pause_partitions(self, tps: Any) -> None:
+        tps = list(tps)
+        super().pause_partitions(tps)
+        self._pause_changelogs_in_client(tps, paused=True)
+
+    def _pause_changelogs_in_client(self, tps: list[TP], *, paused: bool) -> None:
+        """Faust pauses a partition in its own set of active partitions only: aiokafka
+        goes on fetching it, and Faust never takes its records. After recovery every
+        changelog partition is paused so, and the worker's own commits write to them:
+        each one's first write since the assignment sat in aiokafka's buffer for good,
+        and aiokafka sends a broker no fetch at all while a partition's records wait
+        to be taken, up to its 100 ms prefetch backoff. At 128 partitions one idle
+        turn in ten waited 100-200 ms for the fetches of its run and of its history.
+        Here a changelog partition Faust pauses or resumes is paused or resumed in
+        aiokafka too, on the consumer's thread and only in the assignment it was
+        meant for (a newer one starts unpaused, and Faust pauses it again).
+        Proof: tests/runtime/test_faust_adaptations.py; next_turn_bench.py --partitions 128."""
+        changelogs = [tp for tp in tps if self._is_changelog_tp(tp)]
+        thread: Any = self._thread
+        client = getattr(thread, "_consumer", None)
+        if not changelogs or client is None:
+            return
+        meant_for = _client_assignment(client)
+
+        def apply() -> None:
+            assignment = _client_assignment(client)
+            if assignment is None or assignment is not meant_for or not assignment.active:
+                return
+            for tp in changelogs:
+                if tp in assignment.tps:
+                    state = assignment.state_value(tp)
+                    if paused:
+                        state.pause()
+                    else:
+                        state.resume()
+
+        thread.thread_loop.call_soon_threadsafe(apply)
 
     async def perform_seek(self) -> None:
         generation = self.app.consumer_generation_id

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import TransactionManager
@@ -275,6 +277,41 @@ def test_an_assigned_stream_partition_is_fetched_only_after_its_seek(
         consumer.pause_partitions({stream})
         consumer.resume_partitions({stream})  # sought: resumes at once
         assert stream in consumer._get_active_partitions()
+
+    asyncio.run(scenario())
+
+
+def test_a_changelog_partition_faust_pauses_is_paused_in_aiokafka_too() -> None:
+    """Faust paused a partition in its own set only: aiokafka went on fetching the
+    paused changelogs, their records sat in its buffer, and it sent the broker no
+    fetch for 100 ms each time one came (idle turns at 128 partitions waited 220 ms).
+    Here Faust's pauses and resumes of changelog partitions reach aiokafka, on its
+    thread's loop, for the assignment they were meant for only."""
+    async def scenario() -> None:
+        consumer = await _consumer()
+        app = consumer.app
+        app.Table("state", partitions=2)
+        stream, changelog = TP("events", 0), TP(f"{app.conf.id}-state-changelog", 0)
+        client_state = SubscriptionState()
+        client_state.subscribe({stream.topic, changelog.topic})
+        client_state.assign_from_subscribed({TopicPartition(*stream),
+                                             TopicPartition(*changelog)})
+        thread: Any = consumer._thread
+        thread._consumer = SimpleNamespace(_subscription=client_state)
+        thread.thread_loop = asyncio.get_running_loop()  # the consumer thread's loop
+
+        consumer.pause_partitions({stream, changelog})
+        assert not client_state.paused_partitions()  # not before the thread's loop runs it
+        await asyncio.sleep(0)
+        assert client_state.paused_partitions() == {changelog}  # streams: Faust's own
+        consumer.resume_partitions({stream, changelog})
+        await asyncio.sleep(0)
+        assert not client_state.paused_partitions()
+
+        consumer.pause_partitions({changelog})
+        client_state.assign_from_subscribed({TopicPartition(*changelog)})  # a rebalance
+        await asyncio.sleep(0)
+        assert not client_state.paused_partitions()  # meant for the older assignment
 
     asyncio.run(scenario())
 
