@@ -87,7 +87,8 @@ class WorkerCommitBatch:
         self._delivered: dict[asyncio.Future[Any], Any] = {}  # a batch's delivery -> metadata
 
     async def send(self) -> None:
-        """Each partition's records in its own transaction (Faust's
+        """Each partition's records in its own transaction, or every partition's in
+        the worker's one (AGUI_TRANSACTIONS=worker) (Faust's
         TransactionManager would pick it by the *output* record's partition; history
         is keyed by thread, so it would commit apart from the input offsets), waited
         for until the broker has them: offsets added to a transaction while its
@@ -98,18 +99,38 @@ class WorkerCommitBatch:
         changelogs = {name: table.changelog_topic.get_topic_name()
                       for name, table in self.tables.items()}
 
-        async def send_part(part: PartitionBatch) -> list[Placed]:
+        def records_of(part: PartitionBatch) -> list[OutRecord]:
             records = [OutRecord(item.topic, None, item.key, item.value, item.headers)
                        for item in part.outgoing]
             records += [OutRecord(changelogs[change.table], part.partition, change.key,
                                   change.value, None) for change in part.changes]
-            return await self.producer.send_batched(records, part.transaction)
+            return records
 
+        async def send_transaction(parts: list[PartitionBatch]) -> list[list[Placed]]:
+            # The parts of one transaction (every part, with one per worker) in one
+            # call: one batch per partition written. Sent part by part, two parts
+            # writing one history partition made the second wait until the first's
+            # batch was sent (aiokafka queues one batch per partition), in turn:
+            # commits of 80 partitions took 1.5-2.6 s at 128 partitions under load.
+            per_part = [records_of(part) for part in parts]
+            placed = await self.producer.send_batched(
+                [record for records in per_part for record in records], parts[0].transaction)
+            split, start = [], 0
+            for records in per_part:
+                split.append(placed[start:start + len(records)])
+                start += len(records)
+            return split
+
+        by_transaction: dict[str | None, list[PartitionBatch]] = {}
+        for part in self.parts:
+            by_transaction.setdefault(part.transaction, []).append(part)
         try:
-            # All partitions at once: one after another, each transaction's first
+            # All transactions at once: one after another, each transaction's first
             # round trip waited for the sends of the partitions before it.
-            placements = await asyncio.gather(*map(send_part, self.parts))
-            for part, placed in zip(self.parts, placements, strict=True):
+            groups = list(by_transaction.values())
+            sent = await asyncio.gather(*map(send_transaction, groups))
+            for part, placed in zip((part for parts in groups for part in parts),
+                                    (placed for split in sent for placed in split), strict=True):
                 self._delivered.update(dict.fromkeys(delivery for delivery, _place in placed))
                 self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
             for delivery in self._delivered:
