@@ -438,7 +438,8 @@ class WholeRecordConsumer(faust_aiokafka.Consumer):
                     else:
                         state.resume()
 
-        thread.thread_loop.call_soon_threadsafe(apply)
+        with contextlib.suppress(RuntimeError):  # the consumer thread's loop closed: stopping
+            thread.thread_loop.call_soon_threadsafe(apply)
 
     async def perform_seek(self) -> None:
         generation = self.app.consumer_generation_id

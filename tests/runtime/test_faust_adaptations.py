@@ -313,6 +313,11 @@ def test_a_changelog_partition_faust_pauses_is_paused_in_aiokafka_too() -> None:
         await asyncio.sleep(0)
         assert not client_state.paused_partitions()  # meant for the older assignment
 
+        stopped = asyncio.new_event_loop()
+        stopped.close()
+        thread.thread_loop = stopped  # the consumer thread has stopped: nothing to pause
+        consumer.pause_partitions({changelog})
+
     asyncio.run(scenario())
 
 
