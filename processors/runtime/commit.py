@@ -106,7 +106,7 @@ class WorkerCommitBatch:
                                   change.value, None) for change in part.changes]
             return records
 
-        async def send_transaction(parts: list[PartitionBatch]) -> list[list[Placed]]:
+        async def send_transaction(parts: list[PartitionBatch]) -> None:
             # The parts of one transaction (every part, with one per worker) in one
             # call: one batch per partition written. Sent part by part, two parts
             # writing one history partition made the second wait until the first's
@@ -115,11 +115,12 @@ class WorkerCommitBatch:
             per_part = [records_of(part) for part in parts]
             placed = await self.producer.send_batched(
                 [record for records in per_part for record in records], parts[0].transaction)
-            split, start = [], 0
-            for records in per_part:
-                split.append(placed[start:start + len(records)])
+            start = 0
+            for part, records in zip(parts, per_part, strict=True):
+                own = placed[start:start + len(records)]
                 start += len(records)
-            return split
+                self._delivered.update(dict.fromkeys(delivery for delivery, _place in own))
+                self._sent += zip(part.changes, own[len(part.outgoing):], strict=True)
 
         by_transaction: dict[str | None, list[PartitionBatch]] = {}
         for part in self.parts:
@@ -127,12 +128,7 @@ class WorkerCommitBatch:
         try:
             # All transactions at once: one after another, each transaction's first
             # round trip waited for the sends of the partitions before it.
-            groups = list(by_transaction.values())
-            sent = await asyncio.gather(*map(send_transaction, groups))
-            for part, placed in zip((part for parts in groups for part in parts),
-                                    (placed for split in sent for placed in split), strict=True):
-                self._delivered.update(dict.fromkeys(delivery for delivery, _place in placed))
-                self._sent += zip(part.changes, placed[len(part.outgoing):], strict=True)
+            await asyncio.gather(*map(send_transaction, by_transaction.values()))
             for delivery in self._delivered:
                 self._delivered[delivery] = await delivery
         except Exception as error:
