@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import logging.config
 import os
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from processors.config import ConfigError, Settings
+from processors.runtime.collector import tune_collector
 from processors.runtime.kafka_access import startup_facts
 from processors.runtime.topic_admin import TopicsNotCreated, create_topics
 from processors.safe_logging import JsonFormatter, TextFormatter
@@ -160,11 +160,7 @@ def run_worker() -> int:
     worker = _worker_class(faust.Worker, settings.shutdown_timeout_seconds)(
         app, loglevel=settings.log_level, quiet=True, redirect_stdouts=False,
         logging_config=logging_config)
-    # Python's full collections walked every object imported and built so far (Faust,
-    # aiokafka, pydantic: all alive for good) and stopped the event loop for 70-100 ms,
-    # twice in 20 s of part 4 of service_bench.py, in the middle of commits; frozen,
-    # they are not walked again (a full collection then took 7 ms).
-    gc.freeze()
+    tune_collector()
     try:
         worker.execute_from_commandline()
     except SystemExit as exit_:
