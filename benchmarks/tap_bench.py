@@ -178,15 +178,15 @@ class Tap(NamedTuple):
 
 async def measure(args: argparse.Namespace, direct: str, taps: list[Tap]) -> None:
     async with aiohttp.ClientSession() as session:
-        urls = [("direct", direct), *((tap.name, tap.url) for tap in taps)]
+        targets = [("direct", direct), *((tap.name, tap.url) for tap in taps)]
         warmed_until = time.monotonic() + args.warm_up
         for tap in taps:  # connections, producer metadata
             await one_run(session, tap.url, "warm-up", 50, 0)
         while time.monotonic() < warmed_until:  # the same runs, not measured
-            for name, url in urls:
+            for name, url in targets:
                 await one_run(session, url, f"warm-up-{name}", args.events, args.interval_ms)
         rows: list[tuple[str, float, list[float]]] = []
-        for name, url in urls * args.rounds:
+        for name, url in targets * args.rounds:
             first, latencies = await one_run(session, url, f"{name}-{len(rows)}", args.events,
                                              args.interval_ms)
             rows.append((name, first, latencies))

@@ -6,11 +6,11 @@ whenever the objects promoted since the last one reach a quarter of the old
 generation. A worker holds tens of objects per open run (its engine, state,
 cached key, write-behind text) for seconds, so they outlive two young
 collections and are promoted: with thousands of open runs, a full collection ran
-every 1.5-2 s and stopped the event loop for 40-75 ms (3,400 open keys) to
+every 1.4-2 s and stopped the event loop for 40-75 ms (3,400 open keys) to
 250-440 ms (8,200 keys, `benchmarks/api_load.py`), 5-20 % of the worker's time.
 Collecting the young generation every 10,000 allocations instead promotes
 almost none of them (they are freed before), so full collections become rare;
-each young collection then takes 5-10 ms. docs/performance.md, *The garbage
+each young collection then takes 4-12 ms. docs/performance.md, *The garbage
 collector*, has the measurements.
 """
 

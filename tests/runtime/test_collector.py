@@ -1,4 +1,4 @@
-"""The worker's and the tap's garbage collector settings (processors.runtime.collector)."""
+"""The worker's garbage collector settings (processors.runtime.collector)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_start_up_objects_are_frozen_and_young_collections_are_rarer() -> None:
 
 
 @pytest.mark.usefixtures("collector_restored")
-def test_objects_freed_within_the_young_threshold_never_reach_a_full_collection() -> None:
+def test_objects_freed_within_the_young_threshold_cause_no_collection() -> None:
     """What the threshold is for: a run's objects, held while a few thousand more
     are allocated and then freed, cause no collection at all."""
     tune_collector()
