@@ -231,7 +231,8 @@ def test_the_next_turn_after_a_failed_run_learns_its_code_without_waiting_out(
     assert status == 200 and body["run"]["outcome"] == "failed"
     assert body["run"]["failure"]["code"] == "message_not_open"
     assert len(body["messages"]) == 2  # the first run's
-    assert took < 9.0  # the commit interval, not the 10 s wait
+    print(f"failed run answered {took * 1000:.0f} ms after its producer's ack")
+    assert took < 1.0  # a commit interval and the view's turn, not the 10 s wait
     started = time.monotonic()
     status, body = _get(worker, "/v1/threads/turns/runs/turns-run2")
     assert status == 200 and body["run"]["failure"]["code"] == "message_not_open"
