@@ -73,11 +73,16 @@ class WorkerCommitBatch:
     def __init__(self, parts: list[PartitionBatch], producer: CommitProducer,
                  tables: dict[str, WriteBehindTable], app: AdaptedApp,
                  processor: RecordProcessor, view: ThreadView,
-                 replay_starts: dict[tuple[str, int], int]) -> None:
+                 replay_starts: dict[tuple[str, int], int],
+                 reach: dict[tuple[str, int], int | None]) -> None:
         """`replay_starts`: per assigned input (topic, partition), the offset its
-        committed offset may reach (`RecordProcessor.replay_starts`)."""
+        committed offset may reach (`RecordProcessor.replay_starts`); `reach`: per
+        assigned input and history (topic, partition), how far its processed records
+        reach (the replay start; the offset after the last history record the view
+        applied; None: no record processed since the partitions last moved)."""
         self.parts = parts
         self.replay_starts = replay_starts
+        self.reach = reach
         self.producer = producer
         self.tables = tables
         self.app = app
@@ -136,21 +141,36 @@ class WorkerCommitBatch:
 
     def offsets_to_commit(self, acked: dict[TP, int],
                           committed: Mapping[TP, int | None]) -> dict[TP, int]:
-        """Faust's offsets of the records acked, each input partition's capped at its
-        replay start (a record past it is covered by no stored state yet), and an
-        input partition's replay start that moved although nothing was acked (its
-        waiting keys were handed out). A partition this batch writes to always has
-        an offset: a transaction commits only with offsets."""
-        offsets = dict(acked)
+        """Faust's offsets of the records acked, each input and history partition's
+        capped at what its processed records reach, and an input partition's replay
+        start that moved although nothing was acked (its waiting keys were handed
+        out). A partition this batch writes to always has an offset: a transaction
+        commits only with offsets.
+
+        The cap: an input record past its partition's replay start is covered by no
+        stored state yet; and Faust's pure-Python stream iterator (where
+        faust-streaming's compiled one is missing, or NO_CYTHON is set) acks the
+        records it skips without handing them to the agent (taken from a queue while
+        flow is suspended, in a rebalance or a stop, or of an older generation). A
+        partition whose records reach nothing known keeps its committed offset."""
+        offsets: dict[TP, int] = {}
+        for tp, offset in acked.items():
+            place = (tp.topic, tp.partition)
+            if place in self.reach:
+                limit, before = self.reach[place], committed.get(tp)
+                capped = before if limit is None else min(offset, limit)
+                if capped is None:
+                    continue
+                offset = capped if before is None else max(capped, before)
+            offsets[tp] = offset
         writes = {part.partition for part in self.parts}
         for place, start in self.replay_starts.items():
             # aiokafka's own type, the only one its transactions take (equal to Faust's
             # TP of the same partition, so `offsets` holds one entry per partition).
             tp = TopicPartition(*place)
             before = committed.get(tp)
-            if tp in offsets:
-                offsets[tp] = min(offsets[tp], start)
-            elif tp.partition in writes or before is None or start > before:
+            if tp not in offsets and (tp.partition in writes or before is None
+                                      or start > before):
                 offsets[tp] = start
         return offsets
 

@@ -88,11 +88,11 @@ class WorkerJobs:
         # What each partition's records produced since the last commit.
         self.unsent: defaultdict[int, list[Outgoing]] = defaultdict(list)
         self.agent_streams: list[Any] = []  # (liveness: records queued for the agent)
-        # The assigned input partitions and the group generation they were read in,
-        # read again after each rebalance: Faust's `assignment()` builds a new set of
-        # every partition assigned at each call.
-        self._inputs: list[Any] | None = None
-        self._inputs_generation: int | None = None
+        # The assigned input and history partitions and the group generation they were
+        # read in, read again after each rebalance: Faust's `assignment()` builds a new
+        # set of every partition assigned at each call.
+        self._assigned: tuple[list[Any], list[Any]] | None = None
+        self._assigned_generation: int | None = None
         self._backlog_checked = -BACKLOG_CHECK_SECONDS
         self._backlogged = False
         self.assigned_once = False
@@ -154,12 +154,20 @@ class WorkerJobs:
         """The input partitions assigned to the worker (read again once the group's
         generation moved, even before the rebalance callbacks ran: a commit must never
         take a partition's offsets by an older assignment)."""
+        return self._assignment()[0]
+
+    def history_assignment(self) -> list[Any]:
+        """The history partitions assigned to the worker (the thread view reads them)."""
+        return self._assignment()[1]
+
+    def _assignment(self) -> tuple[list[Any], list[Any]]:
         generation = self.app.consumer_generation_id
-        if self._inputs is None or generation != self._inputs_generation:
-            self._inputs_generation = generation
-            self._inputs = [tp for tp in self.app.consumer.assignment()
-                            if self.is_input(tp.topic)]
-        return self._inputs
+        if self._assigned is None or generation != self._assigned_generation:
+            self._assigned_generation = generation
+            assigned = self.app.consumer.assignment()
+            self._assigned = ([tp for tp in assigned if self.is_input(tp.topic)],
+                              [tp for tp in assigned if is_history(self.settings, tp.topic)])
+        return self._assigned
 
     def written_ends(self) -> dict[tuple[str, int], int]:
         """Each assigned input partition's end as last fetched (its high watermark: every
@@ -232,12 +240,18 @@ class WorkerJobs:
                        + self.view.changes(partition))
             if outgoing or changes:
                 parts.append(PartitionBatch(partition, transaction, outgoing, changes))
-        assigned = {(tp.topic, tp.partition) for tp in self.input_assignment()}
+        # How far each assigned input and history partition's processed records reach
+        # (None: none processed since the partitions last moved).
+        reach: dict[tuple[str, int], int | None] = {
+            (tp.topic, tp.partition): None for tp in self.input_assignment()}
         # (A revoked partition's offsets are committed by no one here.)
         starts = {place: start for place, start in self.processor.replay_starts().items()
-                  if place in assigned}
+                  if place in reach}
+        reach.update(starts)
+        for tp in self.history_assignment():
+            reach[(tp.topic, tp.partition)] = self.view.reach(tp.topic, tp.partition)
         return WorkerCommitBatch(parts, self.producer, self.tables, self.app,
-                                 self.processor, self.view, starts)
+                                 self.processor, self.view, starts, reach)
 
     def observe_commit(self, phase: str, seconds: float) -> None:
         self.metrics.commit_seconds.labels(phase).observe(seconds)
@@ -327,14 +341,14 @@ class WorkerJobs:
 
     async def on_partitions_revoked(self, sender: Any, revoked: Any, **kwargs: Any) -> None:
         # Committed first (WholeRecordConsumer); anything since is processed again.
-        self._inputs = None
+        self._assigned = None
         self.unsent.clear()
         self.processor.forget()
         self.view.forget()
 
     async def on_partitions_assigned(self, sender: Any, assigned: Any, **kwargs: Any) -> None:
         self.assigned_once = True
-        self._inputs = None
+        self._assigned = None
         self.liveness.partitions_moved(time.monotonic())
         self.refuse_foreign_partition_counts(assigned)
 

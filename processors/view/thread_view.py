@@ -407,6 +407,15 @@ class ThreadView:
         topic, number = partition
         return self._read_offset(self._part(number), topic, number)
 
+    def reach(self, topic: str, partition: int) -> int | None:
+        """The offset after the last history record of (`topic`, `partition`) the view
+        has applied or read since the partitions last moved: how far a commit may take
+        the partition's offset (the records before it are in the changes handed out).
+        None: nothing of it applied since (its committed offset stays)."""
+        part = self._partitions.get(partition)
+        offset = None if part is None else part.read_offsets.get(topic)
+        return None if offset is None else offset + 1
+
     def run_status(self, tenant: str, thread_id: str, run_id: str) -> RunStatus | None:
         """The run's summary and whether it is complete; None while its closing record
         is not in the view."""

@@ -13,11 +13,13 @@ import pytest
 from aiokafka.consumer.subscription_state import SubscriptionState
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import TopicPartition
+from faust import streams as faust_streams
+from faust.events import Event
 from faust.tables.recovery import Recovery
 from faust.transport import consumer as faust_consumer
 from faust.transport.consumer import TransactionManager
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from faust.types import TP
+from faust.types import TP, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -85,6 +87,52 @@ def test_a_record_of_an_old_generation_never_enters_a_stream_queue() -> None:
     assert queue.empty() and not fetched_before.message.acked
     queue.put_nowait("a value without a message (a channel of plain values)")
     assert queue.qsize() == 1
+
+
+def test_faust_s_pure_python_stream_acks_a_record_it_skips(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why a commit caps every input and history offset at what processed records
+    reach (WorkerCommitBatch.offsets_to_commit): without faust-streaming's compiled
+    iterator, a record taken from the queue while flow is suspended (a rebalance, a
+    stop) is acked, never handed to the agent."""
+    monkeypatch.setattr(faust_streams, "_CStreamIterator", None)
+    app = faust_app(Settings.from_env({}))
+    acked: list[int] = []
+
+    class RecordedEvent(Event):  # type: ignore[misc]
+        def ack(self) -> bool:
+            acked.append(self.message.offset)
+            return True
+
+    def event(offset: int) -> RecordedEvent:
+        return RecordedEvent(app, b"k", b"v", [], Message(
+            "events", 1, offset, 0.0, 0, [], b"k", b"v", None, generation_id=1))
+
+    async def rebalance_while_the_agent_works() -> list[int]:
+        app.consumer_generation_id = 1
+        app.flow_control.resume()
+        stream = app.channel().stream()
+        handed: list[int] = []
+
+        async def agent() -> None:
+            async for _value in stream:
+                handed.append(stream.current_event.message.offset)
+                app.flow_control.suspend()  # a rebalance begins
+                await asyncio.sleep(0)
+
+        task = asyncio.ensure_future(agent())
+        await asyncio.sleep(0)  # the agent waits on the stream's channel
+        await stream.channel.put(event(7))
+        await stream.channel.put(event(8))
+        for _turn in range(10):
+            await asyncio.sleep(0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return handed
+
+    assert asyncio.run(rebalance_while_the_agent_works()) == [7]
+    assert acked == [7, 8]  # 8 acked, never processed
 
 
 def test_the_adapted_classes_are_the_ones_faust_instantiates() -> None:

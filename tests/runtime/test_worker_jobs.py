@@ -13,7 +13,7 @@ from faust.types import TP
 
 from processors.config import Settings
 from processors.metrics import Metrics
-from processors.processing.outputs import OutputBuilder
+from processors.processing.outputs import OutputBuilder, incoming_record
 from processors.processing.record_processor import RecordProcessor, StoredTables
 from processors.processing.routing import TenantRouting
 from processors.runtime import jobs as jobs_module
@@ -165,6 +165,29 @@ def test_a_commit_takes_no_offset_past_a_record_its_state_does_not_cover() -> No
     assert [part.partition for part in batch.parts] == [2]
     assert batch.offsets_to_commit({}, {TP("events", 2): 5, TP("events", 1): 5}) == {
         TP("events", 2): 8}
+
+
+def test_a_commit_takes_no_offset_faust_acked_for_records_never_processed() -> None:
+    """Faust acks the records a stream skips without handing them to the agent (taken
+    from its queue while flow is suspended, in a rebalance or a stop): a commit takes
+    only what processed records reach, and a partition with none keeps its offset."""
+    jobs = jobs_for(app_stand_in())
+    feed_run(jobs, 1, b"run-1")  # partition 1: offsets 0..4 processed
+    skipped = {TP("events", 1): 12, TP("events", 2): 7}  # as Faust acked them
+    assert jobs.take_commit().offsets_to_commit(skipped, {}) == {TP("events", 1): 5}
+    assert jobs.take_commit().offsets_to_commit(skipped, {TP("events", 2): 3}) == {
+        TP("events", 1): 5, TP("events", 2): 3}
+
+
+def test_a_commit_takes_no_history_offset_past_the_last_record_the_view_applied() -> None:
+    app = app_stand_in()
+    history = TP(SETTINGS.history_topic, 1)
+    app.consumer.assignment().add(history)
+    jobs = jobs_for(app)
+    jobs.view.apply(incoming_record(Event(history.topic, 1, 3, b"{}").message))
+    assert jobs.take_commit().offsets_to_commit({history: 9}, {}) == {history: 4}
+    jobs.view.forget()  # partitions moved, nothing applied since: the offset stays
+    assert jobs.take_commit().offsets_to_commit({history: 9}, {history: 4}) == {history: 4}
 
 
 def test_a_commit_takes_no_replay_start_of_a_partition_no_longer_assigned() -> None:
