@@ -45,6 +45,7 @@ from mode import Service
 from mode.services import WaitResults
 from mode.utils.queues import FlowControlEvent, FlowControlQueue, ThrowableQueue
 
+from processors.runtime.committed_offsets import read_group_errors
 from processors.runtime.web_server import HardenedWeb, WebLimits
 from processors.runtime.worker_transactions import (
     GroupMember,
@@ -178,8 +179,11 @@ class CommittedEndsConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     async def on_start(self) -> None:
         await super().on_start()
+        consumer = self._ensure_consumer()
         if cast(AdaptedApp, self.consumer.app).worker_transactional_id is not None:
-            fetch_stable_offsets(self._ensure_consumer())
+            fetch_stable_offsets(consumer)
+        else:
+            read_group_errors(consumer)
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         """Faust makes the broker hold a fetch that finds nothing for 1.5 s, and aiokafka

@@ -45,7 +45,6 @@ from typing import Any, NamedTuple
 import aiokafka
 from aiokafka import errors
 from aiokafka.client import CoordinationType
-from aiokafka.consumer.group_coordinator import GroupCoordinator
 from aiokafka.errors import CommitFailedError, GroupAuthorizationFailedError, KafkaError
 from aiokafka.producer.sender import Sender, TxnOffsetCommitHandler
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -64,6 +63,7 @@ from aiokafka.protocol.types import (
 from faust.transport.consumer import TransactionManager
 from faust.types import TP
 
+from processors.runtime.committed_offsets import GroupErrorCheckingCoordinator, raise_group_error
 from processors.runtime.exits import stop_without_commit
 from processors.runtime.kafka_retries import until_settled
 
@@ -288,8 +288,9 @@ class UnstableOffsetCommit(KafkaError):  # type: ignore[misc]
     retriable = True
 
 
-class _StableOffsetsCoordinator(GroupCoordinator):  # type: ignore[misc]
-    """aiokafka's group coordinator, fetching committed offsets with require_stable."""
+class _StableOffsetsCoordinator(GroupErrorCheckingCoordinator):
+    """aiokafka's group coordinator, fetching committed offsets with require_stable
+    (and raising the group's error: `committed_offsets`)."""
 
     async def _send_req(self, request: Any) -> Any:
         if not isinstance(request, OffsetFetchRequest):
@@ -300,6 +301,7 @@ class _StableOffsetsCoordinator(GroupCoordinator):  # type: ignore[misc]
                 partition[4] == UNSTABLE_OFFSET_COMMIT
                 for _name, partitions, _tags in response.topics for partition in partitions):
             raise UnstableOffsetCommit("an earlier owner's transaction is still open")
+        raise_group_error(self, response.error_code)
         # The shape aiokafka reads (v1-v5): (partition, offset, metadata, error code).
         return SimpleNamespace(topics=[
             (name, [(partition, offset, metadata or "", code)
