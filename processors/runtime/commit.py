@@ -57,6 +57,14 @@ class _SentEntry:
         self.message = self
 
 
+def _within(acked: int, reach: int | None, committed: int | None) -> int | None:
+    """The offset a partition's commit takes: Faust's `acked` no further than its
+    records `reach` (None: none processed, the `committed` one stays), never behind
+    `committed` (None: nothing to commit)."""
+    offset = committed if reach is None else min(acked, reach)
+    return offset if offset is None or committed is None else max(offset, committed)
+
+
 class PartitionBatch(NamedTuple):
     partition: int
     transaction: str | None  # None: no transactions (at_least_once)
@@ -73,15 +81,13 @@ class WorkerCommitBatch:
     def __init__(self, parts: list[PartitionBatch], producer: CommitProducer,
                  tables: dict[str, WriteBehindTable], app: AdaptedApp,
                  processor: RecordProcessor, view: ThreadView,
-                 replay_starts: dict[tuple[str, int], int],
                  reach: dict[tuple[str, int], int | None]) -> None:
-        """`replay_starts`: per assigned input (topic, partition), the offset its
-        committed offset may reach (`RecordProcessor.replay_starts`); `reach`: per
-        assigned input and history (topic, partition), how far its processed records
-        reach (the replay start; the offset after the last history record the view
-        applied; None: no record processed since the partitions last moved)."""
+        """`reach`: per assigned input and history (topic, partition), the offset its
+        committed offset may reach: an input's replay start
+        (`RecordProcessor.replay_starts`), a history partition's offset after the last
+        record the view applied; None: no record processed since the partitions last
+        moved."""
         self.parts = parts
-        self.replay_starts = replay_starts
         self.reach = reach
         self.producer = producer
         self.tables = tables
@@ -142,10 +148,10 @@ class WorkerCommitBatch:
     def offsets_to_commit(self, acked: dict[TP, int],
                           committed: Mapping[TP, int | None]) -> dict[TP, int]:
         """Faust's offsets of the records acked, each input and history partition's
-        capped at what its processed records reach, and an input partition's replay
-        start that moved although nothing was acked (its waiting keys were handed
-        out). A partition this batch writes to always has an offset: a transaction
-        commits only with offsets.
+        capped at what its processed records reach (`reach`), and a reach that moved
+        although nothing was acked (an input's waiting keys were handed out). A
+        partition this batch writes to always has an offset: a transaction commits
+        only with offsets.
 
         The cap: an input record past its partition's replay start is covered by no
         stored state yet; and Faust's pure-Python stream iterator (where
@@ -156,22 +162,21 @@ class WorkerCommitBatch:
         offsets: dict[TP, int] = {}
         for tp, offset in acked.items():
             place = (tp.topic, tp.partition)
-            if place in self.reach:
-                limit, before = self.reach[place], committed.get(tp)
-                capped = before if limit is None else min(offset, limit)
-                if capped is None:
-                    continue
-                offset = capped if before is None else max(capped, before)
-            offsets[tp] = offset
+            capped = (_within(offset, self.reach[place], committed.get(tp))
+                      if place in self.reach else offset)  # (idle ticks: nothing to cap)
+            if capped is not None:
+                offsets[tp] = capped
         writes = {part.partition for part in self.parts}
-        for place, start in self.replay_starts.items():
+        for place, reach in self.reach.items():
+            if reach is None:
+                continue
             # aiokafka's own type, the only one its transactions take (equal to Faust's
             # TP of the same partition, so `offsets` holds one entry per partition).
             tp = TopicPartition(*place)
             before = committed.get(tp)
             if tp not in offsets and (tp.partition in writes or before is None
-                                      or start > before):
-                offsets[tp] = start
+                                      or reach > before):
+                offsets[tp] = reach if before is None else max(reach, before)
         return offsets
 
     async def apply(self) -> None:

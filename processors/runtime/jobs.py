@@ -241,17 +241,15 @@ class WorkerJobs:
             if outgoing or changes:
                 parts.append(PartitionBatch(partition, transaction, outgoing, changes))
         # How far each assigned input and history partition's processed records reach
-        # (None: none processed since the partitions last moved).
-        reach: dict[tuple[str, int], int | None] = {
-            (tp.topic, tp.partition): None for tp in self.input_assignment()}
-        # (A revoked partition's offsets are committed by no one here.)
-        starts = {place: start for place, start in self.processor.replay_starts().items()
-                  if place in reach}
-        reach.update(starts)
+        # (None: none processed since the partitions last moved). (A revoked
+        # partition's offsets are committed by no one here.)
+        starts = self.processor.replay_starts()
+        reach = {(tp.topic, tp.partition): starts.get((tp.topic, tp.partition))
+                 for tp in self.input_assignment()}
         for tp in self.history_assignment():
             reach[(tp.topic, tp.partition)] = self.view.reach(tp.topic, tp.partition)
         return WorkerCommitBatch(parts, self.producer, self.tables, self.app,
-                                 self.processor, self.view, starts, reach)
+                                 self.processor, self.view, reach)
 
     def observe_commit(self, phase: str, seconds: float) -> None:
         self.metrics.commit_seconds.labels(phase).observe(seconds)

@@ -38,7 +38,7 @@ def _sent(parts: list[PartitionBatch]) -> tuple[_Producer, WorkerCommitBatch]:
     tables = {"runs": SimpleNamespace(
         changelog_topic=SimpleNamespace(get_topic_name=lambda: "runs-changelog"))}
     batch = WorkerCommitBatch(parts, cast(Any, producer), cast(Any, tables), cast(Any, None),
-                              cast(Any, None), cast(Any, None), {}, {})
+                              cast(Any, None), cast(Any, None), {})
     asyncio.run(batch.send())
     return producer, batch
 
